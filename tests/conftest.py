@@ -1,0 +1,27 @@
+"""Shared test setup.
+
+TRITON_INTERPRET must be set before any @triton.jit function is defined, so it is set here,
+at import time, before the tests import ``norms``: on a machine without a GPU the fused
+kernels then run in Triton's interpreter on CPU tensors. With a GPU they are compiled.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
