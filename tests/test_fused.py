@@ -1,0 +1,247 @@
+"""The fused Triton RMSNorm against the float64 reference.
+
+Without a GPU the kernels run in Triton's interpreter on CPU tensors (tests/conftest.py sets
+TRITON_INTERPRET=1), so the shapes stay small; the tests marked ``gpu`` run the same checks
+at realistic sizes on CUDA.
+
+Tolerance, in the style of the kernel libraries: the kernel's error against float64 may be at
+most twice the error of the same-dtype PyTorch reference, plus a small per-dtype atol. (The
+interpreter rounds float32 -> bfloat16 toward zero where a GPU rounds to nearest, which the
+factor two covers.)
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import norms.fused.ops as fused_ops
+from norms import FusedRMSNorm, build_norm, fused_add_rms_norm, fused_rms_norm, partial_rms_norm
+from norms.fused import kernel_backend
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
+
+
+def _run(x, residual, weight, k, dy, dsum):
+    """Forward and backward through the fused op with given upstream gradients."""
+    grads = {}
+    if residual is None:
+        y = fused_rms_norm(x, weight, 1e-6, k)
+        y.backward(dy)
+        total = None
+    else:
+        y, total = fused_add_rms_norm(x, residual, weight, 1e-6, k)
+        torch.autograd.backward((y, total), (dy, dsum))
+        grads["dresidual"] = residual.grad
+    grads.update(dx=x.grad, dw=weight.grad)
+    return y, total, grads
+
+
+def _check(kernel, same_dtype, exact, dtype):
+    err = (kernel.double() - exact).abs().max().item()
+    ref_err = (same_dtype.double() - exact).abs().max().item()
+    # The atol scales with the tensor's magnitude: with a small k the prefix gradients grow like 1/k.
+    atol = ATOL[dtype] * max(1.0, exact.abs().max().item())
+    assert err <= 2 * ref_err + atol, f"kernel error {err:.3g} vs reference error {ref_err:.3g}"
+
+
+def _compare(shape, k, dtype, with_residual, weight_dtype=None, device=DEVICE, strided=False):
+    torch.manual_seed(0)
+    dim = shape[-1]
+
+    def make():
+        return torch.randn(*shape, device=device).to(dtype)
+
+    if strided:  # a row-strided view: last axis contiguous, rows further apart than dim
+        x = torch.randn(*shape[:-1], dim + 5, device=device).to(dtype)[..., 2 : 2 + dim]
+    else:
+        x = make()
+    residual = make() if with_residual else None
+    weight = (torch.rand(dim, device=device) + 0.5).to(weight_dtype or dtype)
+    dy, dsum = make(), make()
+
+    results = {}
+    for name, cast in (("exact", torch.float64), ("torch", None), ("kernel", None)):
+        xi = x.to(cast) if cast else x.clone()
+        ri = None if residual is None else (residual.to(cast) if cast else residual.clone())
+        wi = weight.to(cast) if cast else weight.clone()
+        xi.requires_grad_()
+        wi.requires_grad_()
+        if ri is not None:
+            ri.requires_grad_()
+        dyi, dsi = (dy.to(cast), dsum.to(cast)) if cast else (dy, dsum)
+        if name == "kernel":
+            results[name] = _run(xi, ri, wi, k, dyi, dsi)
+        else:
+            total = xi if ri is None else xi + ri
+            y = partial_rms_norm(total, wi, k, 1e-6)
+            torch.autograd.backward((y,) if ri is None else (y, total), (dyi,) if ri is None else (dyi, dsi))
+            g = {"dx": xi.grad, "dw": wi.grad}
+            if ri is not None:
+                g["dresidual"] = ri.grad
+            results[name] = (y, None if ri is None else total, g)
+
+    (ky, ktotal, kg), (ty, _, tg), (ey, etotal, eg) = results["kernel"], results["torch"], results["exact"]
+    assert ky.dtype == dtype and ky.shape == x.shape and ky.device == x.device
+    _check(ky, ty, ey, dtype)
+    if with_residual:
+        if dtype == torch.float32 or device == "cuda":
+            assert torch.equal(ktotal, x + residual)  # the sum is rounded exactly as eager `x + residual`
+        else:  # the interpreter rounds half-precision sums toward zero
+            _check(ktotal, x + residual, etotal, dtype)
+    for key in eg:
+        assert kg[key].dtype == (weight.dtype if key == "dw" else dtype)
+        _check(kg[key], tg[key], eg[key], dtype)
+
+
+def _k_values(dim):
+    return sorted({1, max(1, dim // 16), max(1, dim - 1), dim})
+
+
+CASES = [(dim, k) for dim in (1, 7, 123, 256, 1000, 4096) for k in _k_values(dim)]
+
+
+@pytest.mark.parametrize("dim, k", CASES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_matches_reference_float32(dim, k, with_residual):
+    _compare((3, dim), k, torch.float32, with_residual)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [7, 123, 1000])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_matches_reference_half(dtype, dim, with_residual):
+    _compare((4, dim), max(1, dim // 16), dtype, with_residual)
+    _compare((4, dim), dim, dtype, with_residual)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_weight_with_half_input(dtype):
+    _compare((4, 123), 123, dtype, True, weight_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("shape", [(9,), (2, 3, 40), (2, 1, 2, 40)])
+def test_leading_axes(shape):
+    _compare(shape, shape[-1] // 2, torch.float32, True)
+
+
+def test_row_strided_input():
+    _compare((5, 64), 64, torch.float32, False, strided=True)
+
+
+def test_rows_longer_than_one_block():
+    _compare((2, fused_ops.MAX_SINGLE_BLOCK + 100), 300, torch.float32, True)
+
+
+def test_looping_path_at_small_block(monkeypatch):
+    """The multi-block loops on shapes the interpreter runs quickly, by shrinking the block cap."""
+    monkeypatch.setattr(fused_ops, "MAX_SINGLE_BLOCK", 32)
+    for dim, k in [(100, 100), (100, 3), (100, 50), (33, 32)]:
+        _compare((3, dim), k, torch.float32, True)
+        _compare((3, dim), k, torch.bfloat16, False)
+
+
+def test_empty_batch():
+    w = torch.ones(16, device=DEVICE, requires_grad=True)
+    x = torch.randn(0, 16, device=DEVICE, requires_grad=True)
+    y = fused_rms_norm(x, w)
+    y.sum().backward()
+    assert y.shape == (0, 16) and torch.equal(w.grad, torch.zeros(16, device=DEVICE))
+
+
+def test_backward_does_not_overwrite_the_incoming_gradient():
+    x = torch.randn(4, 32, device=DEVICE, requires_grad=True)
+    w = torch.ones(32, device=DEVICE, requires_grad=True)
+    dy = torch.randn(4, 32, device=DEVICE)
+    kept = dy.clone()
+    fused_rms_norm(x, w).backward(dy)
+    assert torch.equal(dy, kept)
+
+
+def test_custom_ops_pass_opcheck():
+    """Fake tensors, autograd registration and schema are consistent (what torch.compile relies on)."""
+    x = torch.randn(3, 24, device=DEVICE)
+    r = torch.randn(3, 24, device=DEVICE)
+    w = torch.rand(24, device=DEVICE, requires_grad=True)
+    torch.library.opcheck(fused_ops._rms_norm_fwd, (x.requires_grad_(), None, w, 24, 1e-6, False))
+    torch.library.opcheck(fused_ops._rms_norm_fwd, (x, r.requires_grad_(), w, 6, 1e-6, True))
+
+
+def test_traces_under_torch_compile_without_graph_break():
+    norm = FusedRMSNorm(24, k=6).to(DEVICE)
+    compiled = torch.compile(norm, backend="eager", fullgraph=True)  # fullgraph raises on a graph break
+    x = torch.randn(3, 24, device=DEVICE)
+    torch.testing.assert_close(compiled(x), norm(x))
+
+
+def test_module_is_registered_and_matches_rmsnorm():
+    norm = build_norm("fused_rmsnorm", 40).to(DEVICE)
+    plain = build_norm("rmsnorm", 40).to(DEVICE)
+    assert isinstance(norm, FusedRMSNorm) and norm.k == 40
+    plain.load_state_dict(norm.state_dict())  # same parameters: checkpoints move between the two
+    x = torch.randn(2, 40, device=DEVICE)
+    torch.testing.assert_close(norm(x), plain(x))
+    assert build_norm("fused_rmsnorm", 64, p=0.0625).k == 4
+
+
+def test_fallback_without_a_backend_warns_once_and_runs_the_reference(monkeypatch):
+    monkeypatch.setattr(fused_ops, "_INTERPRETED", False)
+    monkeypatch.setattr(fused_ops, "_warned_fallback", set())
+    assert kernel_backend("cpu") == "reference"
+    x, w = torch.randn(3, 8), torch.rand(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = fused_rms_norm(x, w)
+        fused_rms_norm(x, w)
+    assert len(caught) == 1 and "reference norms.rms_norm" in str(caught[0].message)
+    assert torch.equal(y, partial_rms_norm(x, w, 8))
+
+
+def test_interpreter_backend_is_reported():
+    expected = "triton" if DEVICE == "cuda" else "triton-interpreter"
+    assert kernel_backend(DEVICE) == expected
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: fused_rms_norm(torch.randn(2, 8), torch.ones(8), k=9), r"\[1, 8\]"),
+        (lambda: fused_rms_norm(torch.randn(2, 8), None), "need a weight"),
+        (lambda: fused_rms_norm(torch.randn(2, 8), torch.ones(7)), r"shape \(8,\)"),
+        (lambda: fused_add_rms_norm(torch.randn(2, 8), torch.randn(2, 7), torch.ones(8)), "residual must match"),
+        (lambda: fused_rms_norm(torch.randn(2, 8), torch.ones(8), eps=0), "eps must be > 0"),
+    ],
+)
+def test_error_paths(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [1, 7, 123, 256, 1000, 4096, 8192, 12288, 65536])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_gpu_realistic_sizes(dim, dtype, with_residual):
+    for k in _k_values(dim):
+        _compare((4096 if dim <= 8192 else 256, dim), k, dtype, with_residual, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_31_elements():
+    """64-bit row offsets: a tensor past 2**31 elements (4.3 GB in bfloat16) indexes correctly."""
+    dim = 4096
+    rows = (2**31) // dim + 8
+    x = torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(dim, device="cuda", dtype=torch.bfloat16)
+    y = fused_rms_norm(x, w)
+    tail = slice(rows - 8, rows)
+    torch.testing.assert_close(y[tail], partial_rms_norm(x[tail], w, dim), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_compiles_under_torch_compile():
+    norm = FusedRMSNorm(1024).cuda().bfloat16()
+    compiled = torch.compile(norm, fullgraph=True)
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(compiled(x), norm(x))
