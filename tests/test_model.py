@@ -1,0 +1,190 @@
+"""The decoder: shapes, causality, GQA, cached generation, learning, FLOPs, Hugging Face parity."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import ModelConfig, Transformer
+from model.hf import hf_llama_config, hf_llama_state_dict
+from norms import NORM_NAMES
+
+
+def tiny(**overrides) -> ModelConfig:
+    base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32, mlp_multiple_of=16)
+    return ModelConfig(**{**base, **overrides})
+
+
+@pytest.mark.parametrize("norm", NORM_NAMES)
+def test_forward_backward_for_each_norm(norm):
+    torch.manual_seed(0)
+    model = Transformer(tiny(norm=norm))
+    tokens = torch.randint(0, 97, (2, 16))
+    logits = model(tokens)
+    assert logits.shape == (2, 16, 97) and logits.dtype == torch.float32
+    F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+    for name, norm_module in model.norm_modules().items():
+        assert norm_module.weight.grad is not None, name
+    assert torch.isfinite(model.tok_embeddings.weight.grad).all()
+
+
+def test_bfloat16_forward():
+    model = Transformer(tiny()).to(torch.bfloat16)
+    assert model(torch.randint(0, 97, (1, 8))).dtype == torch.bfloat16
+
+
+def test_norms_have_stable_names():
+    model = Transformer(tiny(n_layers=3))
+    names = list(model.norm_modules())
+    assert names[:2] == ["layers.0.attn_norm", "layers.0.mlp_norm"] and names[-1] == "final_norm"
+    assert len(names) == 7
+
+
+def test_same_seed_same_weights_whatever_the_norm():
+    weights = {}
+    for norm in NORM_NAMES:
+        torch.manual_seed(3)
+        state = Transformer(tiny(norm=norm)).state_dict()
+        weights[norm] = {k: v for k, v in state.items() if "norm" not in k}
+    first = weights["rmsnorm"]
+    for state in weights.values():
+        assert state.keys() == first.keys() and all(torch.equal(state[k], first[k]) for k in first)
+
+
+def test_output_projections_are_scaled_down_with_depth():
+    torch.manual_seed(0)
+    model = Transformer(tiny(d_model=256, n_heads=8, n_kv_heads=4, n_layers=8, init_std=0.02))
+    q_std = model.layers[0].attn.q_proj.weight.std().item()
+    o_std = model.layers[0].attn.o_proj.weight.std().item()
+    assert q_std == pytest.approx(0.02, rel=0.05) and o_std == pytest.approx(0.02 / 4, rel=0.05)
+
+
+def test_llama_hidden_size_rule():
+    assert ModelConfig(d_model=256, mlp_multiple_of=64).hidden_dim == 704  # 2/3 * 1024 = 682 -> 704
+    assert ModelConfig(d_model=256, mlp_hidden=300).hidden_dim == 300
+
+
+def test_causality():
+    torch.manual_seed(0)
+    model = Transformer(tiny()).eval()
+    tokens = torch.randint(0, 97, (1, 20))
+    changed = tokens.clone()
+    changed[0, 12] = (tokens[0, 12] + 1) % 97
+    a, b = model(tokens), model(changed)
+    assert torch.equal(a[:, :12], b[:, :12])
+    assert not torch.allclose(a[:, 12:], b[:, 12:])
+
+
+def test_grouped_query_attention_equals_repeated_heads():
+    """A GQA model equals a full multi-head model whose k/v weights repeat each kv head."""
+    torch.manual_seed(0)
+    gqa = Transformer(tiny(n_heads=4, n_kv_heads=2)).eval()
+    mha = Transformer(tiny(n_heads=4, n_kv_heads=4)).eval()
+    state = gqa.state_dict()
+    head_dim = 32 // 4
+    for i in range(2):
+        for proj in ("k_proj", "v_proj"):
+            w = state[f"layers.{i}.attn.{proj}.weight"].view(2, head_dim, 32)
+            state[f"layers.{i}.attn.{proj}.weight"] = w.repeat_interleave(2, dim=0).reshape(4 * head_dim, 32)
+    mha.load_state_dict(state)
+    tokens = torch.randint(0, 97, (2, 12))
+    torch.testing.assert_close(gqa(tokens), mha(tokens))
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "fused_rmsnorm"])
+def test_cached_generation_equals_recomputation(norm):
+    torch.manual_seed(0)
+    model = Transformer(tiny(norm=norm)).eval()
+    prompt = torch.randint(0, 97, (2, 5))
+    cached = model.generate(prompt, 20, temperature=0)
+    recomputed = model.generate(prompt, 20, temperature=0, use_cache=False)
+    assert cached.shape == (2, 25) and torch.equal(cached, recomputed)
+
+
+def test_cached_chunk_after_prefix_matches_full_forward():
+    """A multi-token chunk after cached tokens (causal inside, full to the past) equals one forward."""
+    from model.attention import KVCache
+
+    torch.manual_seed(0)
+    model = Transformer(tiny()).eval()
+    tokens = torch.randint(0, 97, (1, 12))
+    like = model.tok_embeddings.weight
+    caches = [KVCache(1, 2, 12, 8, like) for _ in range(2)]
+    model(tokens[:, :5], caches, 0)
+    torch.testing.assert_close(model(tokens[:, 5:], caches, 5), model(tokens)[:, 5:])
+
+
+def test_sampling_is_seeded_and_respects_top_k():
+    torch.manual_seed(0)
+    model = Transformer(tiny()).eval()
+    prompt = torch.randint(0, 97, (1, 3))
+    a = model.generate(prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(1))
+    b = model.generate(prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+    top1 = model.generate(prompt, 10, temperature=1.0, top_k=1)
+    assert torch.equal(top1, model.generate(prompt, 10, temperature=0))
+
+
+def test_generation_past_max_seq_len_is_refused():
+    with pytest.raises(ValueError, match="max_seq_len"):
+        Transformer(tiny()).generate(torch.zeros(1, 30, dtype=torch.long), 5)
+
+
+def test_overfits_one_batch():
+    torch.manual_seed(0)
+    model = Transformer(tiny(d_model=64, n_heads=4, n_kv_heads=2))
+    tokens = torch.randint(0, 97, (4, 17))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_flops_per_token_matches_flop_counter(tie):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = tiny(d_model=64, n_heads=4, n_kv_heads=2, tie_embeddings=tie)
+    model = Transformer(cfg)
+    batch, seq = 2, 32
+    tokens = torch.randint(0, 97, (batch, seq))
+    # The math attention backend runs as plain batched matmuls, which the counter sees on any device.
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    measured = counter.get_total_flops() / (batch * seq)
+    # Elementwise ops, softmax and the embedding lookup are not matmuls; the count is within 2%.
+    assert model.flops_per_token(seq) == pytest.approx(measured, rel=0.02)
+
+
+def test_invalid_shapes_are_refused():
+    with pytest.raises(ValueError, match="multiple of model.n_kv_heads"):
+        tiny(n_heads=4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="divisible by model.n_heads"):
+        tiny(d_model=30)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_hugging_face_llama_gives_the_same_logits(tie):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tiny(tie_embeddings=tie, rope_theta=500000.0)
+    ours = Transformer(cfg).eval()
+    for norm in ours.norm_modules().values():  # non-trivial gains, so the norm mapping is checked
+        torch.nn.init.normal_(norm.weight, 1.0, 0.2)
+    hf_cfg = transformers.LlamaConfig(**hf_llama_config(cfg))
+    theirs = transformers.LlamaForCausalLM(hf_cfg).eval()
+    missing, unexpected = theirs.load_state_dict(hf_llama_state_dict(ours.state_dict(), cfg), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    tokens = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm, options", [("layernorm", {}), ("prmsnorm", {}), ("fused_rmsnorm", {"k": 4})])
+def test_export_refuses_norms_llama_lacks(norm, options):
+    with pytest.raises(ValueError, match="no Llama equivalent"):
+        hf_llama_config(tiny(norm=norm, norm_options=options))
