@@ -1,9 +1,10 @@
-"""The decoder's shape, as one typed dataclass that checkpoints store and compare."""
+"""The decoder's shape, as one typed dataclass that checkpoints store and compare.
 
-from __future__ import annotations
+Annotations use ``typing`` forms because Hydra's structured configs (OmegaConf) read them.
+"""
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Dict, Optional  # noqa: UP035 (OmegaConf reads these annotations on Python 3.10)
 
 
 @dataclass
@@ -13,12 +14,12 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 8
     n_kv_heads: int = 4  # grouped-query attention: n_heads must be a multiple of it
-    mlp_hidden: int | None = None  # None: LLaMA's rule, 2/3 * 4 * d_model rounded up to mlp_multiple_of
+    mlp_hidden: Optional[int] = None  # noqa: UP045  # None: LLaMA's rule, 2/3 * 4 * d_model rounded up to mlp_multiple_of
     mlp_multiple_of: int = 64
     max_seq_len: int = 256
     rope_theta: float = 10000.0
     norm: str = "rmsnorm"
-    norm_options: dict[str, Any] = field(default_factory=dict)
+    norm_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     tie_embeddings: bool = True
     dropout: float = 0.0
     init_std: float = 0.02

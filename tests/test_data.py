@@ -1,0 +1,185 @@
+"""The data pipeline, offline: default corpus, tokenizer and token caches, batches, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from training.batches import TrainBatches, validation_windows
+from training.config import DataConfig
+from training.corpus import DataError, load_splits
+from training.data import build_data
+from training.token_cache import cache_key, token_array
+from training.tokenizer import get_tokenizer, token_byte_lengths, train_bpe
+
+
+@pytest.fixture(scope="session")
+def kjv_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("normlab-cache"))
+
+
+def test_kjv_loads_and_splits_by_book(kjv_cache):
+    cfg = DataConfig(cache_dir=kjv_cache)
+    train, val = load_splits(cfg)
+    val_docs = list(val.documents())
+    assert val_docs[0].startswith("Now it came to pass in the days when the judges ruled")  # Ruth 1:1
+    assert any(doc.startswith("The beginning of the gospel of Jesus Christ") for doc in val_docs)  # Mark 1:1
+    train_text = "\n".join(train.documents())
+    assert train_text.startswith("In the beginning God created the heaven and the earth.")
+    assert "The beginning of the gospel of Jesus Christ" not in train_text  # Mark is held out whole
+    assert len(val_docs) == 4 + 12 + 16 + 4 + 1  # chapters of Ruth, Ecclesiastes, Mark, Philippians, Jude
+
+
+def test_build_data_end_to_end_and_tokenizer_cache_hit(kjv_cache):
+    data = build_data(DataConfig(cache_dir=kjv_cache), seq_len=64, global_batch=8, seed=0)
+    assert data.tokenizer.get_vocab_size() == 4096
+    assert data.val.shape == (64, 65) and data.train.tokens.dtype == np.uint16
+    files = sorted(os.listdir(os.path.join(kjv_cache, "tokenizers")))
+    started = time.perf_counter()
+    again = build_data(DataConfig(cache_dir=kjv_cache), seq_len=64, global_batch=8, seed=0)
+    assert time.perf_counter() - started < 5  # training the BPE again would take longer
+    assert sorted(os.listdir(os.path.join(kjv_cache, "tokenizers"))) == files
+    assert again.tokenizer.to_str() == data.tokenizer.to_str()
+    assert torch.equal(again.val, data.val)
+
+
+def test_bits_per_byte_table_counts_utf8_bytes():
+    tokenizer = train_bpe(["héllo wörld " * 50, "abc def"], vocab_size=300)
+    lengths = token_byte_lengths(tokenizer)
+    text = "héllo wörld abc"
+    ids = tokenizer.encode(text).ids
+    assert sum(lengths[i] for i in ids) == len(text.encode("utf-8"))
+    assert lengths[tokenizer.token_to_id("<|endoftext|>")] == 0
+
+
+def _files_cfg(tmp_path, train_text, val_text=None, **kw):
+    (tmp_path / "train.txt").write_text(train_text)
+    val_files = []
+    if val_text is not None:
+        (tmp_path / "val.txt").write_text(val_text)
+        val_files = [str(tmp_path / "val.txt")]
+    settings = dict(
+        source="text_files",
+        name="files",
+        train_files=[str(tmp_path / "train.txt")],
+        val_files=val_files,
+        cache_dir=str(tmp_path / "cache"),
+        vocab_size=300,
+    )
+    return DataConfig(**{**settings, **kw})
+
+
+def test_memmap_round_trip_and_new_key_when_tokenizer_changes(tmp_path):
+    cfg = _files_cfg(tmp_path, "one two three\n\nfour five six\n\nseven", "eight nine")
+    train, _ = load_splits(cfg)
+    tokenizer = get_tokenizer(cfg, train, tmp_path / "cache")
+    tokens = token_array(train, tokenizer, tmp_path / "cache", "t")
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    docs = np.split(np.asarray(tokens), np.where(np.asarray(tokens) == eos)[0] + 1)[:-1]
+    decoded = [tokenizer.decode(d[:-1].tolist()) for d in docs]
+    assert decoded == ["one two three", "four five six", "seven"]
+
+    other = train_bpe(["a different corpus gives different merges"], vocab_size=300)
+    assert other.to_str() != tokenizer.to_str()
+    assert cache_key(train, other) != cache_key(train, tokenizer)
+    assert cache_key(train, train_bpe(train.documents(), vocab_size=300)) == cache_key(train, tokenizer)
+    (tmp_path / "train.txt").write_text("changed text entirely")
+    changed, _ = load_splits(cfg)
+    assert changed.fingerprint != train.fingerprint
+
+
+def test_text_files_with_split_fraction(tmp_path):
+    text = "\n\n".join(f"paragraph number {i} with some words" for i in range(40))
+    cfg = _files_cfg(tmp_path, text, val_fraction=0.1)
+    train, val = load_splits(cfg)
+    assert len(list(train.documents())) == 36 and list(val.documents())[0].startswith("paragraph number 36")
+
+
+def test_jsonl_files_and_missing_text_field(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"body": f"text {i}"}) for i in range(10)))
+    cfg = DataConfig(source="text_files", train_files=[str(path)], cache_dir=str(tmp_path), text_field="body")
+    train, _ = load_splits(cfg)
+    assert next(iter(train.documents())) == "text 0"
+    with pytest.raises(DataError, match=r"data.text_field='text' is not a column.*\['body'\]"):
+        load_splits(DataConfig(source="text_files", train_files=[str(path)], cache_dir=str(tmp_path)))
+
+
+def test_batches_are_deterministic_per_seed_and_step():
+    tokens = np.arange(10_000, dtype=np.uint16)
+    a = TrainBatches(tokens, seq_len=16, global_batch=8, seed=1)
+    b = TrainBatches(tokens, seq_len=16, global_batch=8, seed=1)
+    assert torch.equal(a.get(5, 0, 8)[0], b.get(5, 0, 8)[0])
+    assert not torch.equal(a.get(5, 0, 8)[0], a.get(6, 0, 8)[0])
+    assert not torch.equal(a.get(5, 0, 8)[0], TrainBatches(tokens, 16, 8, seed=2).get(5, 0, 8)[0])
+    inputs, targets = a.get(3, 0, 8)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are inputs shifted by one
+
+
+def test_ranks_slices_union_is_the_single_process_batch():
+    tokens = np.arange(10_000, dtype=np.uint16)
+    batches = TrainBatches(tokens, seq_len=16, global_batch=8, seed=0)
+    whole = batches.get(7, 0, 8)[0]
+    per_rank = torch.cat([batches.get(7, rank * 4, 4)[0] for rank in range(2)])
+    assert torch.equal(whole, per_rank)
+
+
+def test_validation_windows_are_fixed_and_cover_the_split():
+    tokens = np.arange(1000, dtype=np.uint16)
+    windows = validation_windows(tokens, 10, 5)
+    assert windows[0, 0] == 0 and windows[-1, -1] == 999
+    assert torch.equal(windows, validation_windows(tokens, 10, 5))
+
+
+@pytest.mark.parametrize(
+    "cfg_kw, message",
+    [
+        ({"source": "text_files", "train_files": ["/nonexistent/*.txt"]}, "no file matches"),
+        ({"source": "text_files"}, "needs data.train_files"),
+        ({"source": "nope"}, "data.source='nope' is not one of"),
+        ({"kjv_val_books": ["Hezekiah"]}, "data.kjv_val_books must name books"),
+        ({"source": "hf"}, "needs data.hf_path"),
+        ({"source": "hf", "hf_path": "x/y", "streaming": True}, "needs data.max_documents"),
+    ],
+)
+def test_bad_data_config(tmp_path, cfg_kw, message):
+    with pytest.raises(DataError, match=message):
+        load_splits(DataConfig(cache_dir=str(tmp_path), **cfg_kw))
+
+
+def test_empty_corpus(tmp_path):
+    cfg = _files_cfg(tmp_path, "", "some validation text")
+    with pytest.raises(DataError, match="empty|no text"):
+        build_data(cfg, seq_len=8, global_batch=2, seed=0)
+
+
+def test_vocab_too_small_for_bytes(tmp_path):
+    cfg = _files_cfg(tmp_path, "some text here", "more", vocab_size=100)
+    with pytest.raises(DataError, match="data.vocab_size=100 is too small.*at least 257"):
+        build_data(cfg, seq_len=8, global_batch=2, seed=0)
+
+
+def test_seq_len_longer_than_validation_split(tmp_path):
+    cfg = _files_cfg(tmp_path, "word " * 2000, "tiny validation")
+    with pytest.raises(DataError, match="validation split has .* tokens, fewer than train.seq_len"):
+        build_data(cfg, seq_len=64, global_batch=2, seed=0)
+
+
+def test_unreachable_hub_fails_fast_with_a_clear_message(tmp_path):
+    """A fresh process with HF_DATASETS_OFFLINE=1: the error names the dataset and the local-files fix."""
+    code = (
+        "from training.config import DataConfig\n"
+        "from training.corpus import load_splits\n"
+        f"load_splits(DataConfig(source='hf', hf_path='roneneldan/TinyStories', cache_dir={str(tmp_path)!r}))\n"
+    )
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert time.perf_counter() - started < 30
+    assert result.returncode != 0
+    assert "roneneldan/TinyStories" in result.stderr and "data=text_files" in result.stderr

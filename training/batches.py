@@ -1,0 +1,55 @@
+"""Training batches as random windows, and the fixed validation windows.
+
+Every step's global batch is drawn by a generator seeded from (seed, step) alone; a process
+takes its slice of it by rank and micro-step. So a resumed run sees exactly the batches an
+uninterrupted run would have, and N processes together see exactly what one process with the
+same global batch sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from training.corpus import DataError
+
+
+def derive_seed(*parts: object) -> int:
+    """A well-mixed 63-bit seed from any tuple of values."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+class TrainBatches:
+    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch: int, seed: int) -> None:
+        if len(tokens) < seq_len + 2:
+            raise DataError(
+                f"the training split has {len(tokens)} tokens, too few for windows of train.seq_len={seq_len}"
+            )
+        self.tokens, self.seq_len, self.global_batch, self.seed = tokens, seq_len, global_batch, seed
+
+    def starts(self, step: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(derive_seed("train", self.seed, step))
+        return torch.randint(0, len(self.tokens) - self.seq_len - 1, (self.global_batch,), generator=generator)
+
+    def get(self, step: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples [first, first + count) of step ``step``'s global batch as (inputs, targets)."""
+        starts = self.starts(step)[first : first + count].tolist()
+        windows = torch.from_numpy(np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))
+        return windows[:, :-1], windows[:, 1:]
+
+
+def validation_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Tensor:
+    """``count`` evenly spaced windows of seq_len + 1 tokens: the same tokens for every run."""
+    span = len(tokens) - seq_len - 1
+    if span < 0:
+        raise DataError(
+            f"the validation split has {len(tokens)} tokens, fewer than train.seq_len + 1 = {seq_len + 1}. "
+            "Lower train.seq_len (or model.max_seq_len), or hold out more text for validation "
+            "(data.kjv_val_books, data.val_files or data.val_fraction)."
+        )
+    if count < 1:
+        raise DataError(f"data.val_windows must be >= 1, got {count}")
+    starts = np.linspace(0, span, num=count).round().astype(np.int64)
+    return torch.from_numpy(np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int64))
