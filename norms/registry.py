@@ -44,4 +44,7 @@ def build_norm(name: str, dim: int, **options) -> nn.Module:
             f"norm {name!r} does not take option(s) {', '.join(unknown)}; "
             f"its options are: {', '.join(norm_options(name))}"
         )
-    return cls(dim, **options)
+    try:
+        return cls(dim, **options)
+    except ValueError as err:
+        raise ValueError(f"norm {name!r}: {err}") from None

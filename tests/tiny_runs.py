@@ -1,0 +1,48 @@
+"""Composing real configs and running tiny training jobs in-process, for the tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+import train as train_script
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = str(ROOT / "configs")
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def tiny_overrides(cache_dir: str, steps: int = 4, *extra: str) -> list[str]:
+    """A tiny model for ``steps`` steps, every telemetry interval short, wandb off."""
+    return [
+        "model=tiny",
+        f"train.max_steps={steps}",
+        "train.batch_size=4",
+        "train.seq_len=16",  # 64 rows per norm call: the fused kernel runs in the (slow) interpreter
+        "train.warmup_steps=2",
+        "train.log_every=1",
+        "train.eval_every=2",
+        "train.stats_every=2",
+        "train.checkpoint_every=2",
+        "train.perf_warmup_steps=1",
+        "train.peak_flops=1e11",
+        "data.val_windows=4",
+        f"data.cache_dir={cache_dir}",
+        "logger=none",
+        *extra,
+    ]
+
+
+def run_tiny(run_dir: Path, cache_dir: str, steps: int = 4, *extra: str) -> dict:
+    cfg = compose_config(*tiny_overrides(cache_dir, steps, *extra))
+    return train_script.train(cfg, run_dir)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,307 @@
+"""Train the LLaMA-style decoder with the norm the config names.
+
+    python train.py norm=rmsnorm
+    python train.py -m norm=layernorm,rmsnorm,prmsnorm,fused_rmsnorm seed=0,1,2
+    torchrun --nproc_per_node=8 train.py norm=rmsnorm model=gpu_125m train=gpu
+
+The story: config -> data -> model -> loop -> metrics and checkpoints. Rerunning a command
+finds its run directory (runs/<run_name>) and resumes from the newest checkpoint there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from model import ModelConfig, Transformer
+from norms.fused import kernel_backend
+from training.checkpoint import (
+    CheckpointError,
+    check_same_model,
+    list_checkpoints,
+    load_checkpoint,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
+from training.config import register_configs
+from training.corpus import DataError
+from training.data import build_data
+from training.distributed import Distributed, init_distributed
+from training.evaluation import evaluate, lm_loss
+from training.layer_stats import layer_grad_norms, probe_norms
+from training.optim import build_optimizer, lr_at
+from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
+from training.sinks import MetricsFile, Sinks, WandbSink
+from training.throughput import ThroughputMeter, peak_flops, peak_memory_gb
+
+log = logging.getLogger("normlab.train")
+register_configs()
+
+VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faster matmuls
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient became NaN/Inf and the nan_policy says stop."""
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key to change."""
+
+
+def plan_batches(train_cfg, seq_len: int, world_size: int) -> tuple[int, int]:
+    """(sequences per global batch, gradient-accumulation steps) from the configured global batch."""
+    global_tokens = train_cfg.global_batch_tokens or train_cfg.batch_size * seq_len
+    per_pass = train_cfg.batch_size * world_size
+    if global_tokens % seq_len or (global_tokens // seq_len) % per_pass:
+        raise ConfigError(
+            f"train.global_batch_tokens={global_tokens} must be a multiple of seq_len ({seq_len}) x "
+            f"train.batch_size ({train_cfg.batch_size}) x processes ({world_size}) = {per_pass * seq_len}; "
+            "change train.batch_size or train.global_batch_tokens"
+        )
+    global_batch = global_tokens // seq_len
+    return global_batch, global_batch // per_pass
+
+
+def build_model_config(cfg: DictConfig, vocab_size: int) -> ModelConfig:
+    shape = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "name"}
+    shape["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
+    return ModelConfig(**shape, norm=cfg.norm.name, norm_options=OmegaConf.to_object(cfg.norm).options())
+
+
+def norm_backend(norm_name: str, device: torch.device) -> str:
+    return kernel_backend(device) if norm_name == "fused_rmsnorm" else "pytorch"
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+    """Run (or resume) the training job ``cfg`` in ``run_dir``; returns the last logged metrics."""
+    run_dir = Path(run_dir)
+    device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
+    dist = init_distributed(device.type)
+    try:
+        return _train(cfg, run_dir, device, dist)
+    finally:
+        dist.close()
+
+
+def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distributed) -> dict[str, float]:
+    tcfg = cfg.train
+    try:
+        precision = resolve_precision(tcfg.precision, device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    autocast = autocast_context(precision, device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    seq_len = tcfg.seq_len or cfg.model.max_seq_len
+    if seq_len > cfg.model.max_seq_len:
+        raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
+    global_batch, accum = plan_batches(tcfg, seq_len, dist.world_size)
+
+    # Data: rank 0 fills the caches (tokenizer, token arrays) first; the others then read them.
+    if not dist.is_main:
+        dist.barrier()
+    data = build_data(cfg.data, seq_len, global_batch, cfg.seed)
+    if dist.is_main:
+        dist.barrier()
+
+    # Model and optimizer, restored from the newest checkpoint when the run directory has one.
+    seed_everything(cfg.seed)
+    try:
+        model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size())
+        model = Transformer(model_cfg).to(device)
+    except ValueError as err:  # a bad model shape or norm option
+        raise ConfigError(f"model/norm config: {err}") from err
+    optimizer = build_optimizer(model, tcfg, device)
+    start_step, resumed_from = 0, None
+    if checkpoints := list_checkpoints(run_dir):
+        resumed_from = checkpoints[-1]
+        state = load_checkpoint(resumed_from, map_location=device)
+        check_same_model(state["model_config"], model_cfg.to_dict(), resumed_from)
+        if state["tokenizer"] != data.tokenizer.to_str():
+            raise CheckpointError(
+                f"{resumed_from} was trained with another tokenizer than data={cfg.data.name} now gives; "
+                "use the same data settings, or a new run directory (run_name=...)"
+            )
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        restore_rng_states(state["rng"])
+        start_step = state["step"]
+    compiled = torch.compile(model) if (tcfg.compile if tcfg.compile is not None else device.type == "cuda") else model
+    train_model = compiled
+    if dist.enabled:
+        train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
+
+    # Telemetry: the resolved config (with what actually ran) and the sinks, on rank 0 only.
+    tokens_per_step = global_batch * seq_len
+    peak, peak_source = peak_flops(device, precision, tcfg.peak_flops)
+    meter = ThroughputMeter(model.flops_per_token(seq_len), peak * dist.world_size, tcfg.perf_warmup_steps)
+    runtime = {
+        "norm_backend": norm_backend(cfg.norm.name, device),
+        "device": str(device),
+        "precision": precision,
+        "world_size": dist.world_size,
+        "grad_accum": accum,
+        "global_batch_tokens": tokens_per_step,
+        "vocab_size": model_cfg.vocab_size,
+        "params": sum(p.numel() for p in model.parameters()),
+        "flops_per_token": model.flops_per_token(seq_len),
+        "peak_flops": peak,
+        "peak_flops_source": peak_source,
+        "torch": str(torch.__version__),
+        "resumed_from": str(resumed_from) if resumed_from else None,
+    }
+    run_config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime}
+    sinks = Sinks([])
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create(run_config), run_dir / "config.yaml")
+        (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
+        sinks.sinks.append(MetricsFile(run_dir / "metrics.jsonl", resume_step=start_step if resumed_from else None))
+        if cfg.logger.name == "wandb":
+            group = cfg.logger.group or f"{cfg.model.name}-{cfg.norm.name}"
+            sinks.sinks.append(WandbSink(cfg.logger, run_dir, cfg.run_name, group, run_config))
+        log.info(
+            "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d)%s",
+            cfg.run_name,
+            f"{runtime['params']:,}",
+            cfg.norm.name,
+            runtime["norm_backend"],
+            precision,
+            device,
+            dist.world_size,
+            tokens_per_step,
+            accum,
+            f", resuming from step {start_step}" if resumed_from else "",
+        )
+
+    def checkpoint(step: int) -> Path:
+        state = {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_states(),
+            "model_config": model_cfg.to_dict(),
+            "config": run_config,
+            "tokenizer": data.tokenizer.to_str(),
+        }
+        return save_checkpoint(run_dir, state, tcfg.keep_checkpoints)
+
+    # The loop.
+    last_checkpoint, skipped, metrics = resumed_from, 0, {}
+    progress = tqdm(
+        range(start_step, tcfg.max_steps),
+        initial=start_step,
+        total=tcfg.max_steps,
+        desc=cfg.run_name,
+        disable=not (dist.is_main and sys.stderr.isatty()),
+        dynamic_ncols=True,
+    )
+    for step in progress:
+        done = step + 1
+        lr = lr_at(step, tcfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            first = (dist.rank * accum + micro) * tcfg.batch_size
+            inputs, targets = (t.to(device, non_blocking=True) for t in data.train.get(step, first, tcfg.batch_size))
+            # DDP averages gradients only on the last micro-step of an accumulation.
+            no_sync = train_model.no_sync() if dist.enabled and micro < accum - 1 else nullcontext()
+            with no_sync:
+                with autocast:
+                    loss = lm_loss(train_model(inputs), targets) / accum
+                loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip).item()
+        train_loss = dist.mean(loss_sum.item(), device)
+
+        if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
+            skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            if tcfg.nan_policy != "skip" or skipped > tcfg.max_skipped_steps:
+                sinks.close()
+                raise TrainingDiverged(
+                    f"loss became {train_loss} (grad norm {grad_norm}) at step {done}. Last good checkpoint: "
+                    f"{last_checkpoint or 'none yet'}. Lower train.lr or raise train.warmup_steps and rerun, "
+                    "or set train.nan_policy=skip to skip such steps (up to train.max_skipped_steps)."
+                )
+            log.warning(
+                "step %d: non-finite loss, step skipped (%d of %d allowed)", done, skipped, tcfg.max_skipped_steps
+            )
+            continue
+
+        stats_step = done % tcfg.stats_every == 0
+        metrics = {"step": done}
+        if stats_step:
+            metrics.update(layer_grad_norms(model))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        meter.add(tokens_per_step, time.perf_counter() - started)
+
+        if not dist.is_main:
+            continue
+        last = done == tcfg.max_steps
+        if done % tcfg.log_every == 0 or last:
+            metrics.update(
+                {
+                    "train/loss": train_loss,
+                    "train/lr": lr,
+                    "train/grad_norm": grad_norm,
+                    "train/tokens": done * tokens_per_step,
+                    "perf/peak_mem_gb": peak_memory_gb(device),
+                    **meter.report(),
+                }
+            )
+            progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{metrics.get('perf/tokens_per_sec', 0):.0f}")
+            if progress.disable:
+                log.info(
+                    "step %d/%d loss %.4f lr %.2e %s",
+                    done,
+                    tcfg.max_steps,
+                    train_loss,
+                    lr,
+                    f"{metrics['perf/tokens_per_sec']:.0f} tok/s" if "perf/tokens_per_sec" in metrics else "",
+                )
+        if done % tcfg.eval_every == 0 or last:
+            metrics.update(evaluate(compiled, data.val, data.token_bytes, tcfg.batch_size, device, autocast))
+            log.info("step %d: val loss %.4f, bpb %.4f", done, metrics["val/loss"], metrics["val/bpb"])
+        if stats_step:
+            metrics.update(probe_norms(model, inputs, autocast))
+        if len(metrics) > 1:
+            sinks.log(metrics)
+        if done % tcfg.checkpoint_every == 0 or last:
+            last_checkpoint = checkpoint(done)
+    progress.close()
+    sinks.close()
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except (DataError, CheckpointError, TrainingDiverged, ConfigError) as err:
+        log.error("%s", err)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    if int(os.environ.get("RANK", "0")) > 0:
+        # Under torchrun all ranks share one run directory; only rank 0 writes Hydra's files and log.
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    main()

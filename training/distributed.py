@@ -1,0 +1,59 @@
+"""Process-group setup for torchrun: DDP on NCCL for GPUs, gloo for CPUs.
+
+torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; without them this is a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def mean(self, value: float, device: torch.device) -> float:
+        """The average of a scalar across processes."""
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.item() / self.world_size
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(device_type: str, timeout_s: float = 600) -> Distributed:
+    if not launched_by_torchrun():
+        return Distributed()
+    rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return Distributed(rank, local_rank, world)

@@ -1,0 +1,51 @@
+"""Language-model loss and the validation metrics shared by train.py and eval.py."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy, computed in float32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    windows: torch.Tensor,
+    token_bytes: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager,
+) -> dict[str, float]:
+    """Loss (nats/token), perplexity and bits per byte over fixed validation windows.
+
+    Bits per byte divides the summed loss by the UTF-8 bytes the target tokens stand for, so
+    runs with different tokenizers compare on the same footing.
+    """
+    was_training = model.training
+    model.eval()
+    total_nats, total_tokens, total_bytes = 0.0, 0, 0.0
+    try:
+        for chunk in windows.split(batch_size):
+            chunk = chunk.to(device)
+            inputs, targets = chunk[:, :-1], chunk[:, 1:]
+            with autocast:
+                logits = model(inputs)
+            total_nats += lm_loss(logits, targets, reduction="sum").item()
+            total_tokens += targets.numel()
+            total_bytes += token_bytes[targets.cpu()].sum().item()
+    finally:
+        model.train(was_training)
+    loss = total_nats / total_tokens
+    return {
+        "val/loss": loss,
+        "val/ppl": math.exp(min(loss, 700.0)),
+        "val/bpb": total_nats / math.log(2) / max(total_bytes, 1.0),
+    }

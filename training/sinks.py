@@ -1,0 +1,116 @@
+"""Where metrics go: metrics.jsonl always, and wandb when it is configured.
+
+wandb must never hang a run: with mode ``auto`` it goes online only when the user is logged
+in, waits at most ``logger.init_timeout`` seconds for the server, and otherwise runs offline
+inside the run directory and says how to upload it later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class MetricsFile:
+    """One JSON object per logged step, appended and flushed as it goes."""
+
+    def __init__(self, path: Path, resume_step: int | None) -> None:
+        self.path = Path(path)
+        if resume_step is not None and self.path.exists():
+            self._drop_rows_after(resume_step)
+        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def _drop_rows_after(self, step: int) -> None:
+        """Rows logged after the checkpoint being resumed are superseded by the resumed run."""
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+class WandbSink:
+    def __init__(self, logger_cfg, run_dir: Path, run_name: str, group: str, config: dict) -> None:
+        import wandb
+
+        self.wandb = wandb
+        mode = logger_cfg.mode
+        if mode == "auto":
+            mode = "online" if _logged_in() else "offline"
+            if mode == "offline":
+                log.info(
+                    "wandb: not logged in, logging offline; upload later with: wandb sync %s/wandb/offline-run-*",
+                    run_dir,
+                )
+        # A resumed run continues the same wandb run.
+        id_file = run_dir / "wandb_id.txt"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
+        kwargs = dict(
+            project=logger_cfg.project,
+            entity=logger_cfg.entity,
+            name=run_name,
+            group=group,
+            tags=list(logger_cfg.tags),
+            config=config,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+        )
+        try:
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=logger_cfg.init_timeout), **kwargs)
+        except Exception as err:  # wandb raises its own CommError/UsageError types on a failed connection
+            if mode != "online":
+                raise
+            log.warning(
+                "wandb: could not reach the server (%s); logging offline instead. Upload later with: "
+                "wandb sync %s/wandb/offline-run-*",
+                err,
+                run_dir,
+            )
+            wandb.teardown()  # release the failed attempt's claim on the run id
+            self.run = wandb.init(mode="offline", **kwargs)
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        # No step=: wandb's own step must only grow, but a resumed run logs some steps again.
+        # Curves use the "step" key as their x-axis (define_metric above).
+        self.run.log(metrics)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Sinks:
+    """Fans each metrics row out to every sink."""
+
+    def __init__(self, sinks: list) -> None:
+        self.sinks = sinks
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log(metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
