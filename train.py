@@ -32,6 +32,7 @@ from training.checkpoint import (
     check_same_model,
     list_checkpoints,
     load_checkpoint,
+    remove_partial_checkpoints,
     restore_rng_states,
     rng_states,
     save_checkpoint,
@@ -89,7 +90,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     """Run (or resume) the training job ``cfg`` in ``run_dir``; returns the last logged metrics."""
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
-    dist = init_distributed(device.type)
+    dist = init_distributed(device.type, cfg.train.dist_timeout_s)
     try:
         return _train(cfg, run_dir, device, dist)
     finally:
@@ -127,6 +128,8 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         raise ConfigError(f"model/norm config: {err}") from err
     optimizer = build_optimizer(model, tcfg, device)
     start_step, resumed_from = 0, None
+    if dist.is_main:
+        remove_partial_checkpoints(run_dir)
     if checkpoints := list_checkpoints(run_dir):
         resumed_from = checkpoints[-1]
         state = load_checkpoint(resumed_from, map_location=device)
@@ -288,6 +291,10 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             last_checkpoint = checkpoint(done)
     progress.close()
     sinks.close()
+    if dist.enabled:
+        checksum = dist.check_in_sync(model, device)
+        if dist.is_main:
+            log.info("all %d processes hold identical weights (checksum %.17g)", dist.world_size, checksum)
     return metrics
 
 

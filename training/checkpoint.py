@@ -33,6 +33,12 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(checkpoint_dir(run_dir).glob("step_*.pt"))
 
 
+def remove_partial_checkpoints(run_dir: Path) -> None:
+    """Delete temp files that a save killed mid-write left behind (they were never checkpoints)."""
+    for partial in checkpoint_dir(run_dir).glob(".step_*.tmp"):
+        partial.unlink()
+
+
 def rng_states() -> dict[str, Any]:
     states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -76,7 +82,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         # Our own files hold RNG states and config dicts besides tensors, hence weights_only=False.
         return torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:
-        raise CheckpointError(f"could not read checkpoint {path}: {err}. Delete it to fall back to an older one.")
+        raise CheckpointError(
+            f"could not read checkpoint {path}: {err}. Delete it to fall back to an older one."
+        ) from err
 
 
 def check_same_model(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:

@@ -101,6 +101,7 @@ class TrainConfig:
     max_skipped_steps: int = 5
     perf_warmup_steps: int = 3  # steps left out of tokens/s and MFU (compilation, allocator warm-up)
     peak_flops: Optional[float] = None  # override the device's peak FLOP/s used for MFU
+    dist_timeout_s: float = 600.0  # a collective (or the rendezvous) waiting longer than this fails the run
 
 
 @dataclass

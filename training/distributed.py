@@ -39,6 +39,16 @@ class Distributed:
         dist.all_reduce(tensor)
         return tensor.item() / self.world_size
 
+    def check_in_sync(self, model: torch.nn.Module, device: torch.device) -> float:
+        """Raise if the processes' weights differ; returns this process's weight checksum."""
+        checksum = sum(p.detach().double().pow(2).sum().item() for p in model.parameters())
+        if self.enabled:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, checksum)
+            if len(set(gathered)) != 1:
+                raise RuntimeError(f"DDP processes hold different weights (checksums {gathered})")
+        return checksum
+
     def close(self) -> None:
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
