@@ -1,0 +1,59 @@
+"""Export a trained checkpoint as a Hugging Face ``LlamaForCausalLM`` folder.
+
+    python scripts/export_hf.py runs/small-rmsnorm-s0 exported/
+    python -c "from transformers import AutoModelForCausalLM, AutoTokenizer; \
+               m = AutoModelForCausalLM.from_pretrained('exported'); t = AutoTokenizer.from_pretrained('exported')"
+
+Only rmsnorm and fused_rmsnorm (full, not partial) models have a Llama equivalent. Our default
+RMSNorm rounds once after the gain; Llama rounds before it, so half-precision outputs can differ
+in the last bit (float32 is identical).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from model import ModelConfig
+from model.hf import hf_llama_config, hf_llama_state_dict
+from training.checkpoint import CheckpointError, load_checkpoint
+from training.tokenizer import EOS
+
+
+def export(checkpoint: Path, out_dir: Path) -> Path:
+    from safetensors.torch import save_file
+
+    state = load_checkpoint(checkpoint)
+    cfg = ModelConfig(**state["model_config"])
+    config = hf_llama_config(cfg)  # raises for norms Llama lacks, before anything is written
+    tokenizer = state.get("tokenizer")
+    if tokenizer and EOS in tokenizer:
+        config["eos_token_id"] = config["bos_token_id"] = json.loads(tokenizer)["added_tokens"][0]["id"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(hf_llama_state_dict(state["model"], cfg), out_dir / "model.safetensors", metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    if tokenizer:
+        (out_dir / "tokenizer.json").write_text(tokenizer)
+        tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": EOS}
+        (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint .pt file or a run directory (newest checkpoint)")
+    parser.add_argument("out_dir", type=Path, help="folder to write config.json, model.safetensors, tokenizer")
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out_dir)
+    except (CheckpointError, ValueError) as err:
+        print(f"export_hf: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}: load it with transformers.LlamaForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""scripts/export_hf.py on real checkpoints: transformers loads the folder and agrees with us."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from model import ModelConfig, Transformer
+from tiny_runs import ROOT, run_tiny
+from training.checkpoint import load_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def _export(run_dir, out_dir):
+    return subprocess.run([sys.executable, "scripts/export_hf.py", str(run_dir), str(out_dir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "fused_rmsnorm"])
+def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, cache_dir, norm):
+    run_tiny(tmp_path / "run", cache_dir, 2, f"norm={norm}")
+    result = _export(tmp_path / "run", tmp_path / "hf")
+    assert result.returncode == 0, result.stderr
+
+    state = load_checkpoint(tmp_path / "run")
+    ours = Transformer(ModelConfig(**{**state["model_config"], "norm": "rmsnorm"})).eval()
+    ours.load_state_dict(state["model"])
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = torch.tensor([tokenizer("In the beginning God created the heaven")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids), atol=1e-5, rtol=1e-5)
+    assert tokenizer.decode(ids[0]) == "In the beginning God created the heaven"
+
+
+def test_export_of_a_layernorm_checkpoint_stops_with_the_reason(tmp_path, cache_dir):
+    run_tiny(tmp_path / "run", cache_dir, 2, "norm=layernorm")
+    result = _export(tmp_path / "run", tmp_path / "hf")
+    assert result.returncode == 1
+    assert "'layernorm'" in result.stderr and "no Llama equivalent" in result.stderr
+    assert not (tmp_path / "hf").exists()
