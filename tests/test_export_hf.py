@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import torch
+from tiny_runs import ROOT, run_tiny
 
 from model import ModelConfig, Transformer
-from tiny_runs import ROOT, run_tiny
 from training.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -19,8 +19,13 @@ def cache_dir(tmp_path_factory):
 
 
 def _export(run_dir, out_dir):
-    return subprocess.run([sys.executable, "scripts/export_hf.py", str(run_dir), str(out_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "scripts/export_hf.py", str(run_dir), str(out_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("norm", ["rmsnorm", "fused_rmsnorm"])

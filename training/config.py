@@ -127,5 +127,26 @@ class Config:
     run_name: str = "${model.name}-${norm.name}-s${seed}"
 
 
+@dataclass
+class EvalConfig:
+    """eval.py: checkpoints in, metrics, samples and activation statistics out."""
+
+    checkpoint: Any = MISSING  # a run directory or .pt file, or a list of them
+    data: Optional[DataConfig] = None  # None: each run's own data config (choose another with data=<name>)
+    val_windows: Optional[int] = None  # None: the run's data.val_windows
+    batch_size: int = 16
+    prompt: str = "In the beginning"
+    max_new_tokens: int = 64
+    num_samples: int = 2
+    temperature: float = 0.8
+    top_k: Optional[int] = 50
+    sample_seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
 def register_configs() -> None:
-    ConfigStore.instance().store(name="normlab_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="normlab_schema", node=Config)
+    store.store(name="eval_schema", node=EvalConfig)

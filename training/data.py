@@ -27,10 +27,11 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "normlab"
 
 
-def build_data(data_cfg, seq_len: int, global_batch: int, seed: int) -> Data:
+def build_data(data_cfg, seq_len: int, global_batch: int, seed: int, tokenizer: Tokenizer | None = None) -> Data:
+    """``tokenizer`` given (eval.py passes a checkpoint's own) replaces the one ``data.tokenizer`` names."""
     cache_dir = Path(os.path.expanduser(data_cfg.cache_dir)) if data_cfg.cache_dir else default_cache_dir()
     train_split, val_split = load_splits(data_cfg)
-    tokenizer = get_tokenizer(data_cfg, train_split, cache_dir)
+    tokenizer = tokenizer or get_tokenizer(data_cfg, train_split, cache_dir)
     train_tokens = token_array(train_split, tokenizer, cache_dir, f"{data_cfg.name}-train")
     val_tokens = token_array(val_split, tokenizer, cache_dir, f"{data_cfg.name}-val")
     return Data(

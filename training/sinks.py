@@ -49,7 +49,9 @@ def _logged_in() -> bool:
 
 
 class WandbSink:
-    def __init__(self, logger_cfg, run_dir: Path, run_name: str, group: str, config: dict) -> None:
+    def __init__(
+        self, logger_cfg, run_dir: Path, run_name: str, group: str, config: dict, job_type: str = "train"
+    ) -> None:
         import wandb
 
         self.wandb = wandb
@@ -75,6 +77,7 @@ class WandbSink:
             dir=str(run_dir),
             id=run_id,
             resume="allow",
+            job_type=job_type,
         )
         try:
             self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=logger_cfg.init_timeout), **kwargs)

@@ -1,0 +1,145 @@
+"""Evaluate checkpoints: validation loss, perplexity and bits per byte, samples, activation statistics.
+
+    python eval.py checkpoint=runs/small-rmsnorm-s0
+    python eval.py checkpoint=[runs/small-rmsnorm-s0,runs/small-layernorm-s0] val_windows=256
+    python eval.py checkpoint=runs/small-rmsnorm-s0 data=tinystories   # another corpus, same tokenizer
+
+Each run directory carries its config and tokenizer, so nothing else has to be found by hand.
+Results print as a table and are written as eval.json next to each checkpoint (keyed by
+checkpoint) and, for all of them together, in the eval's own output directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from tokenizers import Tokenizer
+
+from model import ModelConfig, Transformer
+from training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from training.config import DataConfig, register_configs
+from training.corpus import DataError
+from training.data import build_data
+from training.evaluation import evaluate
+from training.layer_stats import probe_norms
+from training.runtime import autocast_context, resolve_device, resolve_precision
+from training.sinks import WandbSink
+
+log = logging.getLogger("normlab.eval")
+register_configs()
+
+
+def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
+    """The checkpoint's model, refusing one this code's model config cannot hold."""
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(state["model_config"]) - known)
+    if unknown:
+        raise CheckpointError(
+            f"{source} has model config fields this code does not know ({', '.join(unknown)}); "
+            "evaluate it with the normlab version that trained it"
+        )
+    model = Transformer(ModelConfig(**state["model_config"]))
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[1:3]
+        raise CheckpointError(
+            f"{source} does not match the model this code builds from its config: {' '.join(first)}"
+        ) from None
+    return model.to(device).eval()
+
+
+def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> dict:
+    source = resolve_checkpoint(path)
+    state = load_checkpoint(source, map_location="cpu")
+    model = load_model(state, source, device)
+    precision = resolve_precision(cfg.precision, device)
+    autocast = autocast_context(precision, device)
+
+    run_cfg = state["config"]
+    data_cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), cfg.data if cfg.data is not None else run_cfg["data"])
+    if cfg.val_windows:
+        data_cfg.val_windows = cfg.val_windows
+    seq_len = run_cfg["train"]["seq_len"] or model.cfg.max_seq_len
+    tokenizer = Tokenizer.from_str(state["tokenizer"])
+    data = build_data(data_cfg, seq_len, global_batch=1, seed=0, tokenizer=tokenizer)
+
+    metrics = evaluate(model, data.val, data.token_bytes, cfg.batch_size, device, autocast)
+    metrics.update(probe_norms(model, data.val[: cfg.batch_size, :-1].to(device), autocast))
+    prompt = torch.tensor([tokenizer.encode(cfg.prompt).ids] * cfg.num_samples, device=device)
+    new_tokens = min(cfg.max_new_tokens, model.cfg.max_seq_len - prompt.shape[1])
+    if new_tokens < cfg.max_new_tokens:
+        log.warning(
+            "sampling %d new tokens, not %d: the model's context is %d tokens",
+            new_tokens,
+            cfg.max_new_tokens,
+            model.cfg.max_seq_len,
+        )
+    generator = torch.Generator(device=device).manual_seed(cfg.sample_seed)
+    with autocast:
+        tokens = model.generate(prompt, max(new_tokens, 0), cfg.temperature, cfg.top_k, generator)
+    return {
+        "checkpoint": str(source),
+        "step": state["step"],
+        "norm": model.cfg.norm,
+        "data": data_cfg.name,
+        "val_windows": int(data.val.shape[0]),
+        **metrics,
+        "samples": [tokenizer.decode(row.tolist()) for row in tokens],
+    }
+
+
+def _write_json(path: Path, results: dict[str, dict]) -> None:
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**existing, **results}, indent=2))
+
+
+def _print_table(results: dict[str, dict]) -> None:
+    print(f"\n{'checkpoint':<60} {'step':>7} {'val/loss':>9} {'val/ppl':>9} {'val/bpb':>8}")
+    for key, r in results.items():
+        print(f"{key[-60:]:<60} {r['step']:>7} {r['val/loss']:>9.4f} {r['val/ppl']:>9.2f} {r['val/bpb']:>8.4f}")
+    for key, r in results.items():
+        print(f"\nsamples from {key}:")
+        for sample in r["samples"]:
+            print(f"  {sample!r}")
+
+
+def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
+    paths = list(cfg.checkpoint) if isinstance(cfg.checkpoint, (list, ListConfig)) else [cfg.checkpoint]
+    device = resolve_device(cfg.device)
+    results = {}
+    for path in paths:
+        result = evaluate_checkpoint(cfg, Path(path), device)
+        results[result["checkpoint"]] = result
+        # Next to the checkpoint: its run directory (a checkpoint's folder's parent).
+        _write_json(Path(result["checkpoint"]).parent.parent / "eval.json", {result["checkpoint"]: result})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(out_dir / "eval.json", results)
+    _print_table(results)
+    if cfg.logger.name == "wandb":
+        sink = WandbSink(cfg.logger, out_dir, "eval", "eval", OmegaConf.to_container(cfg), job_type="eval")
+        for result in results.values():
+            sink.log({k: v for k, v in result.items() if isinstance(v, (int, float))})
+        sink.close()
+    return results
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    try:
+        run_eval(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except (CheckpointError, DataError) as err:
+        log.error("%s", err)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

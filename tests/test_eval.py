@@ -1,0 +1,77 @@
+"""eval.py on tiny trained checkpoints."""
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from tiny_runs import CONFIG_DIR, read_metrics, run_tiny
+
+import eval as eval_script
+from training.checkpoint import CheckpointError, list_checkpoints
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("cache"))
+    runs = tmp_path_factory.mktemp("runs")
+    for norm in ("rmsnorm", "prmsnorm"):
+        run_tiny(runs / norm, cache, 4, f"norm={norm}")
+    return runs
+
+
+def eval_config(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("eval", overrides=["max_new_tokens=8", "num_samples=2", "batch_size=4", *overrides])
+
+
+def test_eval_reproduces_the_training_validation_loss(trained, tmp_path):
+    run = trained / "rmsnorm"
+    results = eval_script.run_eval(eval_config(f"checkpoint={run}"), tmp_path)
+    (result,) = results.values()
+    assert result["val/loss"] == pytest.approx(read_metrics(run)[-1]["val/loss"], rel=1e-6)  # same windows
+    assert result["val/ppl"] == pytest.approx(torch.tensor(result["val/loss"]).exp().item(), rel=1e-6)
+    assert 0 < result["val/bpb"] < result["val/loss"]
+    assert "act/layers.0.attn_norm/in_rms" in result and "act/final_norm/in_kurtosis" in result
+    assert len(result["samples"]) == 2 and all(s.startswith("In the beginning") for s in result["samples"])
+
+    written = json.loads((run / "eval.json").read_text())
+    assert set(written) == {str(list_checkpoints(run)[-1])}
+    assert {"val/loss", "val/ppl", "val/bpb"} <= set(written[str(list_checkpoints(run)[-1])])
+
+
+def test_several_checkpoints_and_more_windows(trained, tmp_path):
+    cfg = eval_config(
+        f"checkpoint=[{trained / 'rmsnorm'},{trained / 'prmsnorm' / 'checkpoints' / 'step_0000002.pt'}]",
+        "val_windows=8",
+    )
+    results = eval_script.run_eval(cfg, tmp_path)
+    combined = json.loads((tmp_path / "eval.json").read_text())
+    assert set(combined) == set(results) and len(results) == 2
+    assert {r["norm"] for r in results.values()} == {"rmsnorm", "prmsnorm"}
+    assert all(r["val_windows"] == 8 for r in results.values())
+    assert [r["step"] for r in results.values()] == [4, 2]
+
+
+def test_sampling_is_seeded(trained, tmp_path):
+    first = eval_script.run_eval(eval_config(f"checkpoint={trained / 'rmsnorm'}", "sample_seed=3"), tmp_path)
+    again = eval_script.run_eval(eval_config(f"checkpoint={trained / 'rmsnorm'}", "sample_seed=3"), tmp_path)
+    assert [r["samples"] for r in first.values()] == [r["samples"] for r in again.values()]
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        eval_script.run_eval(eval_config(f"checkpoint={tmp_path / 'nothing'}"), tmp_path)
+
+
+def test_checkpoint_that_does_not_match_the_code_is_refused(trained, tmp_path):
+    state = torch.load(list_checkpoints(trained / "rmsnorm")[-1], weights_only=False)
+    state["model_config"]["d_model"] = 32  # weights of a 64-wide model under a 32-wide config
+    torch.save(state, tmp_path / "wrong.pt")
+    with pytest.raises(CheckpointError, match="does not match the model this code builds"):
+        eval_script.run_eval(eval_config(f"checkpoint={tmp_path / 'wrong.pt'}"), tmp_path)
+    state["model_config"]["d_model"] = 64
+    state["model_config"]["future_option"] = True
+    torch.save(state, tmp_path / "newer.pt")
+    with pytest.raises(CheckpointError, match="fields this code does not know \\(future_option\\)"):
+        eval_script.run_eval(eval_config(f"checkpoint={tmp_path / 'newer.pt'}"), tmp_path)
