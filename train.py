@@ -41,7 +41,7 @@ from training.config import register_configs
 from training.corpus import DataError
 from training.data import build_data
 from training.distributed import Distributed, init_distributed
-from training.evaluation import evaluate, lm_loss
+from training.evaluation import evaluate
 from training.layer_stats import layer_grad_norms, probe_norms
 from training.optim import build_optimizer, lr_at
 from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
@@ -227,7 +227,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             no_sync = train_model.no_sync() if dist.enabled and micro < accum - 1 else nullcontext()
             with no_sync:
                 with autocast:
-                    loss = lm_loss(train_model(inputs), targets) / accum
+                    loss = train_model(inputs, targets) / accum
                 loss.backward()
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip).item()

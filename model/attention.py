@@ -30,9 +30,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        # q, k and v in one matmul: rows [q | k | v]. One large matmul beats three small ones.
+        self.qkv_proj = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
@@ -45,21 +44,24 @@ class Attention(nn.Module):
         start_pos: int = 0,
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = self.qkv_proj(x).view(batch, seq, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
+        qk, v = qkv.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
+        q, k = apply_rope(qk, cos, sin).split([self.n_heads, self.n_kv_heads], dim=1)  # q and k in one pass
         if cache is not None:
             k, v = cache.update(k, v, start_pos)
-        # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
-        repeats = self.n_heads // self.n_kv_heads
-        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
 
         mask, is_causal = None, seq > 1
         if start_pos > 0 and seq > 1:  # a chunk after cached tokens: causal within, full to the past
             mask = torch.ones(seq, start_pos + seq, dtype=torch.bool, device=x.device).tril(start_pos)
             is_causal = False
+        # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=True,
         )
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))

@@ -1,8 +1,8 @@
 """Our decoder as a Hugging Face ``LlamaForCausalLM``: its config and renamed weights.
 
 Only RMSNorm over all features exists in Llama, so LayerNorm and pRMSNorm models cannot be
-exported. Our RoPE already uses Hugging Face's rotate-half layout, so q/k weights are copied
-as they are.
+exported. Our RoPE already uses Hugging Face's rotate-half layout, so q/k weights need no
+permutation; our fused q|k|v and gate|up projections are split into Llama's separate ones.
 """
 
 from __future__ import annotations
@@ -14,12 +14,7 @@ import torch
 from model.config import ModelConfig
 
 _RENAMES = {
-    "attn.q_proj": "self_attn.q_proj",
-    "attn.k_proj": "self_attn.k_proj",
-    "attn.v_proj": "self_attn.v_proj",
     "attn.o_proj": "self_attn.o_proj",
-    "mlp.gate_proj": "mlp.gate_proj",
-    "mlp.up_proj": "mlp.up_proj",
     "mlp.down_proj": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "mlp_norm": "post_attention_layernorm",
@@ -73,7 +68,20 @@ def hf_llama_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dic
     }
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = state["lm_head.weight"]
+    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     for i in range(cfg.n_layers):
-        for ours, theirs in _RENAMES.items():
-            out[f"model.layers.{i}.{theirs}.weight"] = state[f"layers.{i}.{ours}.weight"]
+        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
+        q, k, v = state[ours + "attn.qkv_proj.weight"].split([q_rows, kv_rows, kv_rows])
+        gate, up = state[ours + "mlp.gate_up_proj.weight"].chunk(2)
+        out.update(
+            {
+                theirs + "self_attn.q_proj.weight": q,
+                theirs + "self_attn.k_proj.weight": k,
+                theirs + "self_attn.v_proj.weight": v,
+                theirs + "mlp.gate_proj.weight": gate,
+                theirs + "mlp.up_proj.weight": up,
+            }
+        )
+        for our_name, their_name in _RENAMES.items():
+            out[f"{theirs}{their_name}.weight"] = state[f"{ours}{our_name}.weight"]
     return {name: tensor.detach().contiguous().clone() for name, tensor in out.items()}

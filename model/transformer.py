@@ -15,6 +15,7 @@ from torch import nn
 
 from model.attention import Attention, KVCache
 from model.config import ModelConfig
+from model.loss import fused_linear_cross_entropy
 from model.rope import rope_tables
 from norms import build_norm
 
@@ -22,12 +23,13 @@ from norms import build_norm
 class SwiGLU(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.hidden_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.hidden_dim, bias=False)
+        # gate and up projections in one matmul: rows [gate | up].
+        self.gate_up_proj = nn.Linear(cfg.d_model, 2 * cfg.hidden_dim, bias=False)
         self.down_proj = nn.Linear(cfg.hidden_dim, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -78,8 +80,18 @@ class Transformer(nn.Module):
         names = [f"layers.{i}.{which}" for i in range(self.cfg.n_layers) for which in ("attn_norm", "mlp_norm")]
         return {name: self.get_submodule(name) for name in [*names, "final_norm"]}
 
-    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None, start_pos: int = 0) -> torch.Tensor:
-        """Logits of shape (batch, seq, vocab) for token ids of shape (batch, seq)."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        start_pos: int = 0,
+    ) -> torch.Tensor:
+        """Logits (batch, seq, vocab) for token ids (batch, seq); with ``targets``, the mean loss instead.
+
+        The loss fuses the LM head with the cross-entropy (model/loss.py), so training never
+        materializes the logits.
+        """
         seq = tokens.shape[1]
         if start_pos + seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {start_pos + seq} tokens exceeds model.max_seq_len={self.cfg.max_seq_len}")
@@ -88,7 +100,10 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if caches is None else caches[i], start_pos)
-        return self.lm_head(self.final_norm(x))
+        x = self.final_norm(x)
+        if targets is not None:
+            return fused_linear_cross_entropy(x, self.lm_head.weight, targets)
+        return self.lm_head(x)
 
     @torch.no_grad()
     def generate(
@@ -118,7 +133,7 @@ class Transformer(nn.Module):
         tokens, start, step_input = prompt, 0, prompt
         for _ in range(max_new_tokens):
             if use_cache:
-                logits = self(step_input, caches, start)[:, -1]
+                logits = self(step_input, caches=caches, start_pos=start)[:, -1]
                 start += step_input.shape[1]
             else:
                 logits = self(tokens)[:, -1]

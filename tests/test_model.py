@@ -53,7 +53,7 @@ def test_same_seed_same_weights_whatever_the_norm():
 def test_output_projections_are_scaled_down_with_depth():
     torch.manual_seed(0)
     model = Transformer(tiny(d_model=256, n_heads=8, n_kv_heads=4, n_layers=8, init_std=0.02))
-    q_std = model.layers[0].attn.q_proj.weight.std().item()
+    q_std = model.layers[0].attn.qkv_proj.weight.std().item()
     o_std = model.layers[0].attn.o_proj.weight.std().item()
     assert q_std == pytest.approx(0.02, rel=0.05) and o_std == pytest.approx(0.02 / 4, rel=0.05)
 
@@ -82,9 +82,10 @@ def test_grouped_query_attention_equals_repeated_heads():
     state = gqa.state_dict()
     head_dim = 32 // 4
     for i in range(2):
-        for proj in ("k_proj", "v_proj"):
-            w = state[f"layers.{i}.attn.{proj}.weight"].view(2, head_dim, 32)
-            state[f"layers.{i}.attn.{proj}.weight"] = w.repeat_interleave(2, dim=0).reshape(4 * head_dim, 32)
+        # qkv_proj rows are [q heads | k heads | v heads]; repeat each k and v head twice.
+        q, k, v = state[f"layers.{i}.attn.qkv_proj.weight"].split([4 * head_dim, 2 * head_dim, 2 * head_dim])
+        repeat = [t.view(2, head_dim, 32).repeat_interleave(2, dim=0).reshape(4 * head_dim, 32) for t in (k, v)]
+        state[f"layers.{i}.attn.qkv_proj.weight"] = torch.cat([q, *repeat])
     mha.load_state_dict(state)
     tokens = torch.randint(0, 97, (2, 12))
     torch.testing.assert_close(gqa(tokens), mha(tokens))
@@ -109,8 +110,8 @@ def test_cached_chunk_after_prefix_matches_full_forward():
     tokens = torch.randint(0, 97, (1, 12))
     like = model.tok_embeddings.weight
     caches = [KVCache(1, 2, 12, 8, like) for _ in range(2)]
-    model(tokens[:, :5], caches, 0)
-    torch.testing.assert_close(model(tokens[:, 5:], caches, 5), model(tokens)[:, 5:])
+    model(tokens[:, :5], caches=caches, start_pos=0)
+    torch.testing.assert_close(model(tokens[:, 5:], caches=caches, start_pos=5), model(tokens)[:, 5:])
 
 
 def test_sampling_is_seeded_and_respects_top_k():
@@ -135,8 +136,7 @@ def test_overfits_one_batch():
     tokens = torch.randint(0, 97, (4, 17))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(150):
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss = model(tokens[:, :-1], tokens[:, 1:])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -158,6 +158,41 @@ def test_flops_per_token_matches_flop_counter(tie):
     measured = counter.get_total_flops() / (batch * seq)
     # Elementwise ops, softmax and the embedding lookup are not matmuls; the count is within 2%.
     assert model.flops_per_token(seq) == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_fused_head_loss_equals_logits_cross_entropy(tie):
+    """model(tokens, targets) (fused, chunked LM head + loss) matches the loss of the logits, with gradients."""
+    from model import loss as loss_module
+
+    torch.manual_seed(0)
+    model = Transformer(tiny(tie_embeddings=tie)).double()
+    tokens = torch.randint(0, 97, (3, 21))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    fused = model(inputs, targets)
+    fused.backward()
+    fused_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    plain = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+    plain.backward()
+    # Softmax runs in float32 whatever the input dtype; the result is float32-accurate.
+    torch.testing.assert_close(fused.double(), plain, rtol=1e-6, atol=1e-6)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(fused_grads[name], param.grad, rtol=1e-5, atol=1e-7, msg=name)
+    # Chunks smaller than the batch exercise the loop: 60 rows in chunks of 16.
+    small = loss_module.fused_linear_cross_entropy(
+        torch.randn(60, 8), torch.randn(11, 8), torch.randint(0, 11, (60,)), chunk_rows=16
+    )
+    assert torch.isfinite(small)
+
+
+def test_fused_head_loss_without_grad_is_plain_cross_entropy():
+    torch.manual_seed(0)
+    model = Transformer(tiny()).eval()
+    tokens = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        expected = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        torch.testing.assert_close(model(tokens[:, :-1], tokens[:, 1:]), expected)
 
 
 def test_invalid_shapes_are_refused():

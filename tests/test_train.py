@@ -13,6 +13,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrides
 
+import model.transformer as transformer_module
 import train as train_script
 from norms import NORM_NAMES
 from training.optim import build_optimizer, lr_at
@@ -96,25 +97,25 @@ def test_bad_norm_option_is_a_config_error(tmp_path, cache_dir):
 
 def _loss_that_turns_nan_at(call: int):
     calls = {"n": 0}
-    real = train_script.lm_loss
+    real = transformer_module.fused_linear_cross_entropy
 
-    def loss(logits, targets, reduction="mean"):
+    def loss(hidden, weight, targets):
         calls["n"] += 1
-        value = real(logits, targets, reduction)
+        value = real(hidden, weight, targets)
         return value * float("nan") if calls["n"] == call else value
 
     return loss
 
 
 def test_nan_loss_stops_and_names_step_and_checkpoint(tmp_path, cache_dir, monkeypatch):
-    monkeypatch.setattr(train_script, "lm_loss", _loss_that_turns_nan_at(3))
+    monkeypatch.setattr(transformer_module, "fused_linear_cross_entropy", _loss_that_turns_nan_at(3))
     with pytest.raises(train_script.TrainingDiverged, match=r"at step 3\. Last good checkpoint: .*step_0000002\.pt"):
         run_tiny(tmp_path, cache_dir, 6)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # what was written is kept
 
 
 def test_nan_policy_skip_skips_the_step_and_continues(tmp_path, cache_dir, monkeypatch):
-    monkeypatch.setattr(train_script, "lm_loss", _loss_that_turns_nan_at(3))
+    monkeypatch.setattr(transformer_module, "fused_linear_cross_entropy", _loss_that_turns_nan_at(3))
     run_tiny(tmp_path, cache_dir, 5, "train.nan_policy=skip")
     steps = [r["step"] for r in read_metrics(tmp_path)]
     assert steps == [1, 2, 4, 5]

@@ -1,4 +1,4 @@
-"""Language-model loss and the validation metrics shared by train.py and eval.py."""
+"""The validation metrics shared by train.py and eval.py."""
 
 from __future__ import annotations
 
@@ -8,11 +8,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy, computed in float32 whatever the logits' dtype."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction=reduction)
 
 
 @torch.no_grad()
@@ -38,7 +33,7 @@ def evaluate(
             inputs, targets = chunk[:, :-1], chunk[:, 1:]
             with autocast:
                 logits = model(inputs)
-            total_nats += lm_loss(logits, targets, reduction="sum").item()
+            total_nats += F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum").item()
             total_tokens += targets.numel()
             total_bytes += token_bytes[targets.cpu()].sum().item()
     finally:

@@ -1,0 +1,123 @@
+"""Training throughput of our decoder against Hugging Face's LlamaForCausalLM, same process.
+
+    python scripts/bench_train.py                       # the default CPU model (configs/model/small.yaml)
+    python scripts/bench_train.py --model gpu_125m --batch-size 16 --steps 30   # on a GPU
+
+Both models get the same dimensions (norm=rmsnorm, tied embeddings), the same weights, the same
+batches and the same AdamW. Each computes its loss as its users would: ours with
+``model(inputs, targets)`` (LM head fused with the cross-entropy), Hugging Face's with
+``labels=``. Full training steps (forward, backward, optimizer) are timed after warm-up,
+alternating between the two so that machine noise hits both. Prints tokens/s, MFU from the
+same FLOPs-per-token count, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from model import ModelConfig, Transformer
+from model.hf import hf_llama_config, hf_llama_state_dict
+from training.runtime import autocast_context, resolve_device
+from training.throughput import peak_flops
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
+
+
+def load_preset(name: str, vocab_size: int) -> ModelConfig:
+    preset = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    preset.pop("name")
+    return ModelConfig(**preset, vocab_size=vocab_size, norm="rmsnorm")
+
+
+def hf_model(cfg: ModelConfig, ours: Transformer):
+    import transformers
+
+    hf_cfg = transformers.LlamaConfig(**hf_llama_config(cfg))
+    hf_cfg._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(hf_cfg)
+    model.load_state_dict(hf_llama_state_dict(ours.state_dict(), cfg), strict=False)
+    return model
+
+
+def train_step(loss_fn, optimizer, tokens, autocast):
+    with autocast:
+        loss = loss_fn(tokens)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="small", help="a preset in configs/model")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=None, help="default: the preset's max_seq_len")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default=None, help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere)")
+    args = parser.parse_args()
+
+    device = resolve_device(args.device)
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    autocast = autocast_context(precision, device)
+    cfg = load_preset(args.model, args.vocab_size)
+    seq_len = args.seq_len or cfg.max_seq_len
+    torch.manual_seed(0)
+    ours = Transformer(cfg).to(device)
+    theirs = hf_model(cfg, ours).to(device)
+    # Same tokens predicted by both: HF shifts labels inside, so it gets the full window as labels.
+    models = {
+        "normlab": (ours, lambda t: ours(t[:, :-1], t[:, 1:])),
+        "hf_llama": (theirs, lambda t: theirs(input_ids=t[:, :-1], labels=t[:, :-1], use_cache=False).loss),
+    }
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True) for name, (m, _) in models.items()}
+    tokens = torch.randint(0, cfg.vocab_size, (args.batch_size, seq_len + 1), device=device)
+
+    for name, (_, forward) in models.items():
+        for _ in range(args.warmup):
+            train_step(forward, optimizers[name], tokens, autocast)
+    seconds = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for name, (_, forward) in models.items():
+            sync(device)
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                train_step(forward, optimizers[name], tokens, autocast)
+            sync(device)
+            seconds[name].append((time.perf_counter() - started) / args.steps)
+
+    flops_per_token = ours.flops_per_token(seq_len)
+    peak, peak_source = peak_flops(device, precision, None)
+    print(
+        f"model={args.model} params={sum(p.numel() for p in ours.parameters()):,} batch={args.batch_size}x{seq_len} "
+        f"device={device} precision={precision} torch={torch.__version__}"
+    )
+    print(f"peak {peak / 1e12:.3f} TFLOP/s ({peak_source}); {flops_per_token / 1e6:.2f} MFLOP per token")
+    tokens_per_step = args.batch_size * seq_len
+    rates = {}
+    for name, times in seconds.items():
+        step = statistics.median(times)
+        rates[name] = tokens_per_step / step
+        print(
+            f"{name:>10}: {rates[name]:>10,.0f} tokens/s  step {1000 * step:7.1f} ms  "
+            f"MFU {rates[name] * flops_per_token / peak:6.1%}"
+        )
+    print(f"ratio normlab / hf_llama: {rates['normlab'] / rates['hf_llama']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
