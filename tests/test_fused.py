@@ -198,6 +198,13 @@ def test_fallback_without_a_backend_warns_once_and_runs_the_reference(monkeypatc
     assert torch.equal(y, partial_rms_norm(x, w, 8))
 
 
+def test_float64_takes_the_exact_reference_path():
+    x = torch.randn(3, 40, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    w = torch.rand(40, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    assert torch.equal(fused_rms_norm(x, w, k=5), partial_rms_norm(x, w, 5))
+    assert torch.autograd.gradcheck(lambda x, w: fused_add_rms_norm(x, x * 2, w, k=5)[0], (x, w))
+
+
 def test_interpreter_backend_is_reported():
     expected = "triton" if DEVICE == "cuda" else "triton-interpreter"
     assert kernel_backend(DEVICE) == expected

@@ -20,6 +20,33 @@ import triton.language as tl
 
 
 @triton.jit
+def _load_f32(ptr, cols, mask):
+    return tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_input(X, R, S, cols, mask, HAS_RESIDUAL: tl.constexpr, STORE_SUM: tl.constexpr):
+    """The normalized input in float32: x, or x + residual rounded to the input dtype exactly like
+    eager ``x + residual`` (and written to S when STORE_SUM)."""
+    x = tl.load(X + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        if STORE_SUM:
+            tl.store(S + cols, x, mask=mask)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT: tl.constexpr):
+    """y = x * rstd * w, with the gain applied in float32 and one rounding (or HF's order)."""
+    y = x * rstd
+    if CAST_BEFORE_WEIGHT:
+        y = y.to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + cols, (y * _load_f32(W, cols, mask)).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def rms_norm_fwd_kernel(
     X,
     R,
@@ -49,46 +76,29 @@ def rms_norm_fwd_kernel(
 
     if SINGLE_BLOCK:
         mask = cols < N
-        x = tl.load(X + cols, mask=mask, other=0.0)
-        if HAS_RESIDUAL:
-            # Added in float32 and rounded to the input dtype, exactly like eager `x + residual`.
-            r = tl.load(R + cols, mask=mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-            tl.store(S + cols, x, mask=mask)
-        xf = x.to(tl.float32)
-        sum_sq = tl.sum(tl.where(cols < K, xf * xf, 0.0), axis=0)
-        rstd = 1.0 / tl.sqrt(sum_sq / K + eps)
-        y = xf * rstd
-        if CAST_BEFORE_WEIGHT:
-            y = y.to(Y.dtype.element_ty).to(tl.float32)
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(Y + cols, (y * w).to(Y.dtype.element_ty), mask=mask)
+        x = _load_input(X, R, S, cols, mask, HAS_RESIDUAL, True)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.where(cols < K, x * x, 0.0), axis=0) / K + eps)
+        _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT)
     else:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, K, BLOCK):
             c = start + cols
-            mask = c < K
-            x = tl.load(X + c, mask=mask, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(R + c, mask=mask, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-            xf = x.to(tl.float32)
-            acc += xf * xf
+            x = _load_input(X, R, S, c, c < K, HAS_RESIDUAL, False)
+            acc += x * x
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
         for start in range(0, N, BLOCK):
             c = start + cols
-            mask = c < N
-            x = tl.load(X + c, mask=mask, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(R + c, mask=mask, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-                tl.store(S + c, x, mask=mask)
-            y = x.to(tl.float32) * rstd
-            if CAST_BEFORE_WEIGHT:
-                y = y.to(Y.dtype.element_ty).to(tl.float32)
-            w = tl.load(W + c, mask=mask, other=0.0).to(tl.float32)
-            tl.store(Y + c, (y * w).to(Y.dtype.element_ty), mask=mask)
+            x = _load_input(X, R, S, c, c < N, HAS_RESIDUAL, True)
+            _store_output(Y, W, c, c < N, x, rstd, CAST_BEFORE_WEIGHT)
     tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _store_dx(DX, DS, cols, mask, dx, HAS_DRESIDUAL: tl.constexpr):
+    """Write dx, plus the gradient arriving through the residual sum's own output when fused."""
+    if HAS_DRESIDUAL:
+        dx += _load_f32(DS, cols, mask)
+    tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -121,18 +131,16 @@ def rms_norm_bwd_kernel(
 
     if SINGLE_BLOCK:
         mask = cols < N
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        w = _load_f32(W, cols, mask)
         dw = tl.zeros([BLOCK], dtype=tl.float32)
         for row in range(row_start, row_end):
-            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            x = _load_f32(X + row * stride_x, cols, mask)
+            dy = _load_f32(DY + row * stride_dy, cols, mask)
             rstd = tl.load(RSTD + row)
             g = dy * w
-            c = tl.sum(g * x, axis=0)
-            dx = rstd * g - tl.where(cols < K, x, 0.0) * (rstd * rstd * rstd * c / K)
-            if HAS_DRESIDUAL:
-                dx += tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+            coef = rstd * rstd * rstd * tl.sum(g * x, axis=0) / K
+            dx = rstd * g - tl.where(cols < K, x, 0.0) * coef
+            _store_dx(DX + row * stride_dx, DS + row * stride_ds, cols, mask, dx, HAS_DRESIDUAL)
             dw += dy * x * rstd
         tl.store(DW_PARTIAL + cols, dw, mask=mask)
     else:
@@ -141,22 +149,15 @@ def rms_norm_bwd_kernel(
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for start in range(0, N, BLOCK):
                 c = start + cols
-                mask = c < N
-                x = tl.load(X + row * stride_x + c, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row * stride_dy + c, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + c, mask=mask, other=0.0).to(tl.float32)
-                acc += dy * w * x
+                x = _load_f32(X + row * stride_x, c, c < N)
+                acc += _load_f32(DY + row * stride_dy, c, c < N) * _load_f32(W, c, c < N) * x
             coef = rstd * rstd * rstd * tl.sum(acc, axis=0) / K
             for start in range(0, N, BLOCK):
                 c = start + cols
                 mask = c < N
-                x = tl.load(X + row * stride_x + c, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row * stride_dy + c, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + c, mask=mask, other=0.0).to(tl.float32)
-                dx = rstd * dy * w - tl.where(c < K, x, 0.0) * coef
-                if HAS_DRESIDUAL:
-                    dx += tl.load(DS + row * stride_ds + c, mask=mask, other=0.0).to(tl.float32)
-                tl.store(DX + row * stride_dx + c, dx.to(DX.dtype.element_ty), mask=mask)
+                x = _load_f32(X + row * stride_x, c, mask)
+                dy = _load_f32(DY + row * stride_dy, c, mask)
+                dx = rstd * dy * _load_f32(W, c, mask) - tl.where(c < K, x, 0.0) * coef
+                _store_dx(DX + row * stride_dx, DS + row * stride_ds, c, mask, dx, HAS_DRESIDUAL)
                 # This program alone owns its partial row, so read-modify-write needs no atomics.
-                dw = tl.load(DW_PARTIAL + c, mask=mask, other=0.0)
-                tl.store(DW_PARTIAL + c, dw + dy * x * rstd, mask=mask)
+                tl.store(DW_PARTIAL + c, _load_f32(DW_PARTIAL, c, mask) + dy * x * rstd, mask=mask)

@@ -6,7 +6,8 @@ each launch as one opaque node (no graph break) and autograd sees a forward/back
 Backends, in order: Triton on CUDA tensors; the Triton interpreter on CPU tensors when
 ``TRITON_INTERPRET=1`` was set before this module was imported (that is how CI runs the
 kernel code without a GPU); otherwise the reference ``norms.rms_norm`` runs instead, with a
-single warning that says so. ``kernel_backend(device)`` names the one that will run, so a
+single warning that says so. float64 inputs always take the reference op, since the kernel
+accumulates in float32. ``kernel_backend(device)`` names the one that will run, so a
 training run can record it.
 """
 
@@ -174,6 +175,8 @@ _warned_fallback: set[str] = set()
 
 
 def _use_kernel(x: torch.Tensor) -> bool:
+    if x.dtype == torch.float64:
+        return False  # the kernel accumulates in float32; float64 callers want float64 accuracy
     backend = kernel_backend(x.device)
     if backend == "reference" and x.device.type not in _warned_fallback:
         _warned_fallback.add(x.device.type)
