@@ -86,6 +86,42 @@ def norm_backend(norm_name: str, device: torch.device) -> str:
     return kernel_backend(device) if norm_name == "fused_rmsnorm" else "pytorch"
 
 
+def resume(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data, cfg: DictConfig, dist: Distributed):
+    """Load the newest checkpoint of ``run_dir`` into model and optimizer, if there is one.
+
+    Returns (start step, checkpoint path or None, training seconds before this process).
+    """
+    if dist.is_main:
+        remove_partial_checkpoints(run_dir)
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        return 0, None, 0.0
+    source = checkpoints[-1]
+    state = load_checkpoint(source, map_location=next(model.parameters()).device)
+    check_same_model(state["model_config"], model_cfg.to_dict(), source)
+    if state["tokenizer"] != data.tokenizer.to_str():
+        raise CheckpointError(
+            f"{source} was trained with another tokenizer than data={cfg.data.name} now gives; "
+            "use the same data settings, or a new run directory (run_name=...)"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    restore_rng_states(state["rng"])
+    return state["step"], source, state["elapsed_s"]
+
+
+def open_sinks(cfg: DictConfig, run_dir: Path, run_config: dict, data, resume_step: int | None) -> Sinks:
+    """Write the run's config and tokenizer, and open metrics.jsonl (and wandb when configured)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(run_config), run_dir / "config.yaml")
+    (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
+    sinks = [MetricsFile(run_dir / "metrics.jsonl", resume_step=resume_step)]
+    if cfg.logger.name == "wandb":
+        group = cfg.logger.group or f"{cfg.model.name}-{cfg.norm.name}"
+        sinks.append(WandbSink(cfg.logger, run_dir, cfg.run_name, group, run_config))
+    return Sinks(sinks)
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     """Run (or resume) the training job ``cfg`` in ``run_dir``; returns the last logged metrics."""
     run_dir = Path(run_dir)
@@ -127,23 +163,9 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     except ValueError as err:  # a bad model shape or norm option
         raise ConfigError(f"model/norm config: {err}") from err
     optimizer = build_optimizer(model, tcfg, device)
-    start_step, resumed_from = 0, None
-    if dist.is_main:
-        remove_partial_checkpoints(run_dir)
-    if checkpoints := list_checkpoints(run_dir):
-        resumed_from = checkpoints[-1]
-        state = load_checkpoint(resumed_from, map_location=device)
-        check_same_model(state["model_config"], model_cfg.to_dict(), resumed_from)
-        if state["tokenizer"] != data.tokenizer.to_str():
-            raise CheckpointError(
-                f"{resumed_from} was trained with another tokenizer than data={cfg.data.name} now gives; "
-                "use the same data settings, or a new run directory (run_name=...)"
-            )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        restore_rng_states(state["rng"])
-        start_step = state["step"]
-    compiled = torch.compile(model) if (tcfg.compile if tcfg.compile is not None else device.type == "cuda") else model
+    start_step, resumed_from, elapsed_before = resume(run_dir, model, optimizer, model_cfg, data, cfg, dist)
+    use_compile = tcfg.compile if tcfg.compile is not None else device.type == "cuda"
+    compiled = torch.compile(model) if use_compile else model
     train_model = compiled
     if dist.enabled:
         train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
@@ -170,13 +192,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     run_config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime}
     sinks = Sinks([])
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(run_config), run_dir / "config.yaml")
-        (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
-        sinks.sinks.append(MetricsFile(run_dir / "metrics.jsonl", resume_step=start_step if resumed_from else None))
-        if cfg.logger.name == "wandb":
-            group = cfg.logger.group or f"{cfg.model.name}-{cfg.norm.name}"
-            sinks.sinks.append(WandbSink(cfg.logger, run_dir, cfg.run_name, group, run_config))
+        sinks = open_sinks(cfg, run_dir, run_config, data, start_step if resumed_from else None)
         log.info(
             "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d)%s",
             cfg.run_name,
@@ -200,8 +216,15 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             "model_config": model_cfg.to_dict(),
             "config": run_config,
             "tokenizer": data.tokenizer.to_str(),
+            "elapsed_s": elapsed(),
         }
         return save_checkpoint(run_dir, state, tcfg.keep_checkpoints)
+
+    loop_started = time.perf_counter()
+
+    def elapsed() -> float:
+        """Wall-clock seconds of training so far, across resumes."""
+        return elapsed_before + time.perf_counter() - loop_started
 
     # The loop.
     last_checkpoint, skipped, metrics = resumed_from, 0, {}
@@ -267,6 +290,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
                     "train/grad_norm": grad_norm,
                     "train/tokens": done * tokens_per_step,
                     "perf/peak_mem_gb": peak_memory_gb(device),
+                    "perf/elapsed_s": elapsed(),
                     **meter.report(),
                 }
             )

@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from training.atomic import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 
@@ -25,12 +27,22 @@ class MetricsFile:
         self.path = Path(path)
         if resume_step is not None and self.path.exists():
             self._drop_rows_after(resume_step)
-        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self.file = open(self.path, "a", encoding="utf-8")  # closed in close()
 
     def _drop_rows_after(self, step: int) -> None:
-        """Rows logged after the checkpoint being resumed are superseded by the resumed run."""
-        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        """Rows logged after the checkpoint being resumed are superseded by the resumed run.
+
+        A half-written last line (the process was killed mid-write) is dropped too. The file
+        is replaced atomically, so a kill now loses nothing.
+        """
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError):
+                continue
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, metrics: dict[str, Any]) -> None:
         row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}
@@ -54,7 +66,6 @@ class WandbSink:
     ) -> None:
         import wandb
 
-        self.wandb = wandb
         mode = logger_cfg.mode
         if mode == "auto":
             mode = "online" if _logged_in() else "offline"
