@@ -1,0 +1,18 @@
+"""Matplotlib set-up shared by the scripts: a headless backend, and one way to save a figure."""
+
+from pathlib import Path
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
