@@ -54,7 +54,7 @@ def invariances(dim: int = 64, rows: int = 256, scale: float = 10.0, shift: floa
             f"scale x{scale:g}, fixed eps": (f(scale * x) - f(x)).abs().max().item(),
             f"scale x{scale:g}, eps x{scale**2:g}": (f(scale * x, eps * scale**2) - f(x, eps)).abs().max().item(),
             f"shift +{shift:g}": (f(x + shift) - f(x)).abs().max().item(),
-            "max |row mean| of output": f(x).mean(dim=-1).abs().max().item(),
+            "max abs row mean of output": f(x).mean(dim=-1).abs().max().item(),
         }
     return table
 

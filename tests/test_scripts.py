@@ -83,7 +83,7 @@ def test_norm_properties_values():
     assert inv["rmsnorm"]["scale x10, eps x100"] < 1e-12  # exact with eps scaled by a^2
     assert 1e-12 < inv["rmsnorm"]["scale x10, fixed eps"] < 1e-4  # approximate otherwise
     assert inv["layernorm"]["shift +3"] < 1e-12 and inv["rmsnorm"]["shift +3"] > 0.1
-    assert inv["layernorm"]["max |row mean| of output"] < 1e-12
+    assert inv["layernorm"]["max abs row mean of output"] < 1e-12
     prefix = norm_properties.prefix_experiment()
     assert prefix["balanced prefix"][-1] == 0 and prefix["low-energy prefix"][-1] == 0  # k = D is RMSNorm
     assert prefix["low-energy prefix"][3] > 10 * prefix["balanced prefix"][3]

@@ -41,6 +41,7 @@ def test_smoke_run_logs_every_key_group(norm, tmp_path, cache_dir):
         "perf/mfu",
         "perf/peak_mem_gb",
         "perf/norm_time_frac",
+        "perf/elapsed_s",
         "grad/layers.0",
         "grad/tok_embeddings",
         "act/layers.0.attn_norm/in_rms",
