@@ -30,7 +30,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        # q, k and v in one matmul: rows [q | k | v]. One large matmul beats three small ones.
+        # q, k and v from one matmul (rows [q | k | v]): one launch instead of three.
         self.qkv_proj = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
