@@ -148,11 +148,11 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = plan_batches(tcfg, seq_len, dist.world_size)
 
-    # Data: rank 0 fills the caches (tokenizer, token arrays) first; the others then read them.
-    if not dist.is_main:
+    # Data: each node's first process fills the caches (tokenizer, token arrays); the others then read them.
+    if dist.local_rank != 0:
         dist.barrier()
     data = build_data(cfg.data, seq_len, global_batch, cfg.seed)
-    if dist.is_main:
+    if dist.local_rank == 0:
         dist.barrier()
 
     # Model and optimizer, restored from the newest checkpoint when the run directory has one.
