@@ -1,7 +1,10 @@
 """Two-process DDP on CPU (gloo) through torchrun, against one process with the same global batch."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from tiny_runs import ROOT, read_metrics, tiny_overrides
@@ -51,3 +54,59 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, cache_dir)
     assert len(got) == STEPS  # only rank 0 wrote metrics
     # Same samples, same math; only the order of the gradient reduction differs.
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+def _torchrun(overrides, run_dir):
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
+
+
+def test_killed_ddp_run_resumes_exactly(tmp_path, cache_dir):
+    steps = 40
+    overrides = tiny_overrides(
+        cache_dir,
+        steps,
+        "train.batch_size=8",
+        "train.seq_len=64",
+        "train.global_batch_tokens=1024",
+        "train.checkpoint_every=5",
+        "train.eval_every=20",
+        "train.stats_every=20",
+        "train.dist_timeout_s=120",
+    )
+    uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
+    subprocess.run(_torchrun(overrides, uninterrupted), cwd=ROOT, check=True, capture_output=True, timeout=300)
+
+    # torchrun and both workers share a new session, so one killpg reaches all three processes.
+    process = subprocess.Popen(
+        _torchrun(overrides, interrupted),
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    metrics = interrupted / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 12:
+            break
+        time.sleep(0.01)
+    assert process.poll() is None, "the run finished before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+    resumed = subprocess.run(_torchrun(overrides, interrupted), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert "resuming from step" in resumed.stdout + resumed.stderr
+    expected = {r["step"]: r["train/loss"] for r in read_metrics(uninterrupted)}
+    got = {r["step"]: r["train/loss"] for r in read_metrics(interrupted)}
+    assert sorted(got) == list(range(1, steps + 1))
+    assert got == expected  # same world size, same gloo reduction order: bit for bit
