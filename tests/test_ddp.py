@@ -83,7 +83,8 @@ def test_killed_ddp_run_resumes_exactly(tmp_path, cache_dir):
         "train.dist_timeout_s=120",
     )
     uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
-    subprocess.run(_torchrun(overrides, uninterrupted), cwd=ROOT, check=True, capture_output=True, timeout=300)
+    first = subprocess.run(_torchrun(overrides, uninterrupted), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
 
     # torchrun and both workers share a new session, so one killpg reaches all three processes.
     process = subprocess.Popen(
