@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from norms.functional import layer_norm, partial_rms_norm, rms_norm
+from norms.functional import _check_k, layer_norm, partial_rms_norm, rms_norm
 
 
 class Norm(nn.Module):
@@ -59,9 +59,7 @@ def resolve_partial_k(dim: int, p: float | None, k: int | None) -> int:
     (the paper's p = 6.25% of 512 features is k = 32).
     """
     if k is not None:
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= dim:
-            raise ValueError(f"k must be an int in [1, {dim}] for dim={dim}, got {k!r}")
-        return k
+        return _check_k(k, dim)
     if p is None or isinstance(p, bool) or not 0 < p <= 1:
         raise ValueError(f"p must be a fraction in (0, 1] (the paper uses 0.0625), got {p!r}; or give k explicitly")
     # Round p*dim to 9 decimals first so binary noise (0.07 * 100 = 7.000000000000001) is no extra feature.
