@@ -173,7 +173,8 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     # Telemetry: the resolved config (with what actually ran) and the sinks, on rank 0 only.
     tokens_per_step = global_batch * seq_len
     peak, peak_source = peak_flops(device, precision, tcfg.peak_flops)
-    meter = ThroughputMeter(model.flops_per_token(seq_len), peak * dist.world_size, tcfg.perf_warmup_steps)
+    flops_per_token = model.flops_per_token(seq_len)
+    meter = ThroughputMeter(flops_per_token, peak * dist.world_size, tcfg.perf_warmup_steps)
     runtime = {
         "norm_backend": norm_backend(cfg.norm.name, device),
         "device": str(device),
@@ -183,7 +184,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         "global_batch_tokens": tokens_per_step,
         "vocab_size": model_cfg.vocab_size,
         "params": sum(p.numel() for p in model.parameters()),
-        "flops_per_token": model.flops_per_token(seq_len),
+        "flops_per_token": flops_per_token,
         "peak_flops": peak,
         "peak_flops_source": peak_source,
         "torch": str(torch.__version__),

@@ -17,14 +17,17 @@ import torch
 from torch import nn
 
 
+def _rms_and_mean(x: torch.Tensor, prefix: str) -> dict[str, float]:
+    x = x.detach().double()
+    return {f"{prefix}_rms": x.pow(2).mean().sqrt().item(), f"{prefix}_mean": x.mean().item()}
+
+
 def _moments(x: torch.Tensor, prefix: str) -> dict[str, float]:
     x = x.detach().double().flatten()
-    mean = x.mean()
-    centred = x - mean
+    centred = x - x.mean()
     var = centred.pow(2).mean()
     return {
-        f"{prefix}_rms": x.pow(2).mean().sqrt().item(),
-        f"{prefix}_mean": mean.item(),
+        **_rms_and_mean(x, prefix),
         f"{prefix}_std": var.sqrt().item(),
         f"{prefix}_absmax": x.abs().max().item(),
         # Pearson kurtosis (3 for a Gaussian): large values flag outlier features.
@@ -61,8 +64,7 @@ def probe_norms(model: nn.Module, inputs: torch.Tensor, autocast: contextlib.Abs
             norm_seconds[name] += stats_started - started[name]
             # With a residual the norm returns (normalized, x + residual): the sum is the stream.
             stream, normalized = (output[1], output[0]) if isinstance(output, tuple) else (args[0], output)
-            stats = {**_moments(stream, "in"), **_moments(normalized, "out")}
-            stats = {k: v for k, v in stats.items() if not k.startswith("out_") or k in ("out_rms", "out_mean")}
+            stats = {**_moments(stream, "in"), **_rms_and_mean(normalized, "out")}
             stats["gain_mean"] = module.weight.detach().float().mean().item()
             stats["gain_std"] = module.weight.detach().float().std().item()
             metrics.update({f"act/{name}/{key}": value for key, value in stats.items()})
