@@ -27,7 +27,7 @@ from model import ModelConfig, Transformer
 from training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from training.config import DataConfig, register_configs
 from training.corpus import DataError
-from training.data import build_data
+from training.data import build_validation
 from training.evaluation import evaluate
 from training.layer_stats import probe_norms
 from training.runtime import autocast_context, resolve_device, resolve_precision
@@ -70,10 +70,10 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         data_cfg.val_windows = cfg.val_windows
     seq_len = run_cfg["train"]["seq_len"] or model.cfg.max_seq_len
     tokenizer = Tokenizer.from_str(state["tokenizer"])
-    data = build_data(data_cfg, seq_len, global_batch=1, seed=0, tokenizer=tokenizer)
+    val, token_bytes = build_validation(data_cfg, seq_len, tokenizer)
 
-    metrics = evaluate(model, data.val, data.token_bytes, cfg.batch_size, device, autocast)
-    metrics.update(probe_norms(model, data.val[: cfg.batch_size, :-1].to(device), autocast))
+    metrics = evaluate(model, val, token_bytes, cfg.batch_size, device, autocast)
+    metrics.update(probe_norms(model, val[: cfg.batch_size, :-1].to(device), autocast))
     prompt = torch.tensor([tokenizer.encode(cfg.prompt).ids] * cfg.num_samples, device=device)
     new_tokens = min(cfg.max_new_tokens, model.cfg.max_seq_len - prompt.shape[1])
     if new_tokens < cfg.max_new_tokens:
@@ -91,7 +91,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         "step": state["step"],
         "norm": model.cfg.norm,
         "data": data_cfg.name,
-        "val_windows": int(data.val.shape[0]),
+        "val_windows": int(val.shape[0]),
         **metrics,
         "samples": [tokenizer.decode(row.tolist()) for row in tokens],
     }

@@ -75,3 +75,18 @@ def test_checkpoint_that_does_not_match_the_code_is_refused(trained, tmp_path):
     torch.save(state, tmp_path / "newer.pt")
     with pytest.raises(CheckpointError, match="fields this code does not know \\(future_option\\)"):
         eval_script.run_eval(eval_config(f"checkpoint={tmp_path / 'newer.pt'}"), tmp_path)
+
+
+def test_eval_tokenizes_only_the_validation_split(trained, tmp_path, monkeypatch):
+    import training.data as data_module
+
+    labels = []
+    real = data_module.token_array
+
+    def recording(split, tokenizer, cache_dir, label):
+        labels.append(label)
+        return real(split, tokenizer, cache_dir, label)
+
+    monkeypatch.setattr(data_module, "token_array", recording)
+    eval_script.run_eval(eval_config(f"checkpoint={trained / 'rmsnorm'}"), tmp_path)
+    assert labels == ["kjv-val"]

@@ -1,4 +1,7 @@
-"""One call from the ``data`` config to (tokenizer, training batches, fixed validation windows)."""
+"""One call from the ``data`` config to (tokenizer, training batches, fixed validation windows).
+
+``build_validation`` gives eval.py the validation windows alone, with the checkpoint's tokenizer.
+"""
 
 from __future__ import annotations
 
@@ -27,16 +30,30 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "normlab"
 
 
-def build_data(data_cfg, seq_len: int, global_batch: int, seed: int, tokenizer: Tokenizer | None = None) -> Data:
-    """``tokenizer`` given (eval.py passes a checkpoint's own) replaces the one ``data.tokenizer`` names."""
-    cache_dir = Path(os.path.expanduser(data_cfg.cache_dir)) if data_cfg.cache_dir else default_cache_dir()
-    train_split, val_split = load_splits(data_cfg)
-    tokenizer = tokenizer or get_tokenizer(data_cfg, train_split, cache_dir)
-    train_tokens = token_array(train_split, tokenizer, cache_dir, f"{data_cfg.name}-train")
+def _cache_dir(data_cfg) -> Path:
+    return Path(os.path.expanduser(data_cfg.cache_dir)) if data_cfg.cache_dir else default_cache_dir()
+
+
+def _validation(val_split, tokenizer: Tokenizer, data_cfg, seq_len: int, cache_dir: Path):
     val_tokens = token_array(val_split, tokenizer, cache_dir, f"{data_cfg.name}-val")
-    return Data(
-        tokenizer=tokenizer,
-        train=TrainBatches(train_tokens, seq_len, global_batch, seed),
-        val=validation_windows(val_tokens, seq_len, data_cfg.val_windows),
-        token_bytes=torch.tensor(token_byte_lengths(tokenizer), dtype=torch.float64),
-    )
+    windows = validation_windows(val_tokens, seq_len, data_cfg.val_windows)
+    return windows, torch.tensor(token_byte_lengths(tokenizer), dtype=torch.float64)
+
+
+def build_data(data_cfg, seq_len: int, global_batch: int, seed: int) -> Data:
+    cache_dir = _cache_dir(data_cfg)
+    train_split, val_split = load_splits(data_cfg)
+    tokenizer = get_tokenizer(data_cfg, train_split, cache_dir)
+    train_tokens = token_array(train_split, tokenizer, cache_dir, f"{data_cfg.name}-train")
+    val, token_bytes = _validation(val_split, tokenizer, data_cfg, seq_len, cache_dir)
+    return Data(tokenizer, TrainBatches(train_tokens, seq_len, global_batch, seed), val, token_bytes)
+
+
+def build_validation(data_cfg, seq_len: int, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(validation windows, bytes per token) with a given tokenizer, e.g. a checkpoint's own.
+
+    Only the validation split is tokenized: evaluating on another corpus never pays for its
+    training split.
+    """
+    _, val_split = load_splits(data_cfg)
+    return _validation(val_split, tokenizer, data_cfg, seq_len, _cache_dir(data_cfg))
