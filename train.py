@@ -30,20 +30,21 @@ from norms.fused import kernel_backend
 from training.checkpoint import (
     CheckpointError,
     check_same_model,
-    list_checkpoints,
-    load_checkpoint,
+    load_newest_readable,
     remove_partial_checkpoints,
     restore_rng_states,
     rng_states,
     save_checkpoint,
 )
-from training.config import register_configs
+from training.config import Config, register_configs
 from training.corpus import DataError
 from training.data import build_data
 from training.distributed import Distributed, init_distributed
 from training.evaluation import evaluate
 from training.layer_stats import layer_grad_norms, probe_norms
 from training.optim import build_optimizer, lr_at
+from training.run_lock import RunLock, RunLockedError
+from training.run_record import RunIdentityError, append_resume, check_resume, write_new_record
 from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
 from training.sinks import MetricsFile, Sinks, WandbSink
 from training.throughput import ThroughputMeter, peak_flops, peak_memory_gb
@@ -93,11 +94,10 @@ def resume(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data, cfg: D
     """
     if dist.is_main:
         remove_partial_checkpoints(run_dir)
-    checkpoints = list_checkpoints(run_dir)
-    if not checkpoints:
+    found = load_newest_readable(run_dir, map_location=next(model.parameters()).device)
+    if found is None:
         return 0, None, 0.0
-    source = checkpoints[-1]
-    state = load_checkpoint(source, map_location=next(model.parameters()).device)
+    source, state = found
     check_same_model(state["model_config"], model_cfg.to_dict(), source)
     if state["tokenizer"] != data.tokenizer.to_str():
         raise CheckpointError(
@@ -110,12 +110,28 @@ def resume(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data, cfg: D
     return state["step"], source, state["elapsed_s"]
 
 
-def open_sinks(cfg: DictConfig, run_dir: Path, run_config: dict, data, resume_step: int | None) -> Sinks:
-    """Write the run's config and tokenizer, and open metrics.jsonl (and wandb when configured)."""
+def check_run_identity(cfg: DictConfig, run_dir: Path, precision: str, global_batch_tokens: int) -> dict | None:
+    """Refuse to train in ``run_dir`` if it holds a run of another configuration (before anything is written).
+
+    Returns None for a new run, else the entry that the resume will add to the run's record.
+    """
+    config = {
+        **OmegaConf.to_container(cfg, resolve=True),
+        "runtime": {"precision": precision, "global_batch_tokens": global_batch_tokens},
+    }
+    schema_defaults = OmegaConf.to_container(OmegaConf.structured(Config))
+    return check_resume(run_dir, config, schema_defaults, list(cfg.resume_with_changes))
+
+
+def open_sinks(cfg: DictConfig, run_dir: Path, run_config: dict, data, resume: dict | None) -> Sinks:
+    """Record the run (or append this resume to its record), and open metrics.jsonl (and wandb when configured)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(run_config), run_dir / "config.yaml")
-    (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
-    sinks = [MetricsFile(run_dir / "metrics.jsonl", resume_step=resume_step)]
+    if resume is None:
+        write_new_record(run_dir, run_config)
+        (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
+    else:
+        append_resume(run_dir, resume, run_config["runtime"])
+    sinks = [MetricsFile(run_dir / "metrics.jsonl", resume_step=None if resume is None else resume["step"])]
     if cfg.logger.name == "wandb":
         group = cfg.logger.group or f"{cfg.model.name}-{cfg.norm.name}"
         sinks.append(WandbSink(cfg.logger, run_dir, cfg.run_name, group, run_config))
@@ -127,9 +143,19 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
     dist = init_distributed(device.type, cfg.train.dist_timeout_s)
+    lock = RunLock(run_dir)
     try:
+        refusal = None
+        if dist.is_main:  # the ranks of one job are one writer
+            try:
+                lock.acquire()
+            except RunLockedError as err:
+                refusal = err
+        if not dist.all_true(refusal is None, device):
+            raise refusal or RunLockedError(f"rank 0 could not lock {run_dir}; see its log")
         return _train(cfg, run_dir, device, dist)
     finally:
+        lock.release()
         dist.close()
 
 
@@ -147,6 +173,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     if seq_len > cfg.model.max_seq_len:
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = plan_batches(tcfg, seq_len, dist.world_size)
+    resume_entry = check_run_identity(cfg, run_dir, precision, global_batch * seq_len)
 
     # Data: each node's first process fills the caches (tokenizer, token arrays); the others then read them.
     if dist.local_rank != 0:
@@ -188,12 +215,13 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         "peak_flops": peak,
         "peak_flops_source": peak_source,
         "torch": str(torch.__version__),
-        "resumed_from": str(resumed_from) if resumed_from else None,
     }
     run_config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime}
     sinks = Sinks([])
     if dist.is_main:
-        sinks = open_sinks(cfg, run_dir, run_config, data, start_step if resumed_from else None)
+        if resume_entry is not None:
+            resume_entry.update(step=start_step, checkpoint=str(resumed_from) if resumed_from else None)
+        sinks = open_sinks(cfg, run_dir, run_config, data, resume_entry)
         log.info(
             "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d)%s",
             cfg.run_name,
@@ -327,7 +355,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
 def main(cfg: DictConfig) -> None:
     try:
         train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (DataError, CheckpointError, TrainingDiverged, ConfigError) as err:
+    except (DataError, CheckpointError, TrainingDiverged, ConfigError, RunIdentityError, RunLockedError) as err:
         log.error("%s", err)
         sys.exit(1)
 

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from tiny_runs import CONFIG_DIR, read_metrics, run_tiny
 
 import eval as eval_script
-from training.checkpoint import CheckpointError, list_checkpoints
+from training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_checkpoint_that_does_not_match_the_code_is_refused(trained, tmp_path):
-    state = torch.load(list_checkpoints(trained / "rmsnorm")[-1], weights_only=False)
+    state = load_checkpoint(trained / "rmsnorm")
     state["model_config"]["d_model"] = 32  # weights of a 64-wide model under a 32-wide config
     torch.save(state, tmp_path / "wrong.pt")
     with pytest.raises(CheckpointError, match="does not match the model this code builds"):

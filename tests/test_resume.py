@@ -11,6 +11,7 @@ import torch
 from tiny_runs import ROOT, read_metrics, run_tiny, tiny_overrides
 
 from training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
+from training.run_record import RunIdentityError
 
 STEPS = 60
 
@@ -92,7 +93,8 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
 
 
 def test_resume_after_a_killed_save_cleans_up_and_continues(tmp_path, cache_dir):
-    run_tiny(tmp_path, cache_dir, 2)
+    run_tiny(tmp_path, cache_dir, 4)
+    (tmp_path / "checkpoints" / "step_0000004.pt").unlink()  # as if killed while saving step 4
     partial = tmp_path / "checkpoints" / ".step_0000004.pt.abc123.tmp"
     partial.write_bytes(b"half a file")
     run_tiny(tmp_path, cache_dir, 4)
@@ -102,10 +104,13 @@ def test_resume_after_a_killed_save_cleans_up_and_continues(tmp_path, cache_dir)
 
 def test_checkpoint_of_another_model_is_refused(tmp_path, cache_dir):
     run_tiny(tmp_path, cache_dir, 2)
+    # The run's record refuses first; a checkpoint that still does not fit is refused by the model check.
+    with pytest.raises(RunIdentityError, match=r"model.d_model: 64 in .* vs 32 now"):
+        run_tiny(tmp_path, cache_dir, 2, "model.d_model=32")
     with pytest.raises(CheckpointError, match=r"another model config \(d_model: checkpoint 64 vs config 32\)"):
-        run_tiny(tmp_path, cache_dir, 4, "model.d_model=32")
+        run_tiny(tmp_path, cache_dir, 2, "model.d_model=32", "resume_with_changes=[model.d_model]")
     with pytest.raises(CheckpointError, match="norm: checkpoint 'rmsnorm' vs config 'layernorm'"):
-        run_tiny(tmp_path, cache_dir, 4, "norm=layernorm")
+        run_tiny(tmp_path, cache_dir, 2, "norm=layernorm", "resume_with_changes=[norm.name,norm.bias,norm.eps]")
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # nothing written was lost
 
 

@@ -1,13 +1,20 @@
-"""Checkpoint files: everything needed to continue a run exactly, written atomically.
+"""Checkpoint files: everything needed to continue a run exactly, written atomically, read safely.
 
 A checkpoint holds the model and optimizer states, the step (which also fixes the data
 position and the learning rate), every RNG state, the model config, the run config and the
 tokenizer. Files are ``step_0000200.pt`` in ``<run dir>/checkpoints``; a file appears only
 once complete (temp file, then rename), so a killed save leaves the previous one usable.
+
+Every read uses ``torch.load(weights_only=True)``: a checkpoint someone sent you is data,
+never code. So everything in one is tensors and plain Python values; the NumPy RNG state,
+which NumPy hands out as an array, is stored as a tensor. Checkpoints written before that
+change hold a NumPy array, which is read by allowing exactly NumPy's array reconstruction.
 """
 
 from __future__ import annotations
 
+import logging
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -17,6 +24,7 @@ import torch
 
 from training.atomic import atomic_write
 
+log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 
 
@@ -40,7 +48,19 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG state, as tensors and plain values (what the safe loader accepts)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -48,7 +68,16 @@ def rng_states() -> dict[str, Any]:
 
 def restore_rng_states(states: dict[str, Any]) -> None:
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    numpy_state = states["numpy"]
+    if isinstance(numpy_state, dict):
+        numpy_state = (
+            numpy_state["name"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    np.random.set_state(numpy_state)  # a tuple: a checkpoint from before the tensor form
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -76,15 +105,67 @@ def resolve_checkpoint(path: Path) -> Path:
     return found[-1]
 
 
+# What a checkpoint from before the tensor-form RNG state needs: NumPy's array reconstruction and
+# nothing else (no function that could run code is among them).
+_LEGACY_NUMPY_GLOBALS = [
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+    getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct,
+]
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint whose unpickling would need more than tensors and plain data."""
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint as data only: anything that would run code while loading is refused."""
     path = resolve_checkpoint(path)
     try:
-        # Our own files hold RNG states and config dicts besides tensors, hence weights_only=False.
-        return torch.load(path, map_location=map_location, weights_only=False)
+        with torch.serialization.safe_globals(_LEGACY_NUMPY_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        # The safe unpickler names the global (a class or function) it would have had to import.
+        found = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]
+        if not found:
+            raise CheckpointError(
+                f"could not read checkpoint {path}: it is damaged or not a torch checkpoint ({err})"
+            ) from None
+        raise UnsafeCheckpointError(
+            f"refused to load {path}: it contains objects other than tensors and plain data, and unpickling "
+            f"them could run arbitrary code ({found[0]}). normlab checkpoints never need that; "
+            "only load this file with torch.load(weights_only=False) if you trust whoever made it."
+        ) from None
     except Exception as err:
+        raise CheckpointError(f"could not read checkpoint {path}: {err}") from None
+
+
+def load_newest_readable(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[Path, dict] | None:
+    """The newest checkpoint of ``run_dir`` that reads, falling back past damaged ones with a warning.
+
+    Returns None when the run has no checkpoint. If checkpoints exist but none reads, raises a
+    CheckpointError naming every file: a run never silently starts over from step 0.
+    """
+    candidates = list_checkpoints(run_dir)
+    failures = []
+    for path in reversed(candidates):
+        try:
+            state = load_checkpoint(path, map_location)
+        except CheckpointError as err:
+            failures.append(str(err))
+            log.warning("%s; trying the previous checkpoint", err)
+            continue
+        if failures:
+            log.warning("resuming from %s, the newest checkpoint that reads", path)
+        return path, state
+    if failures:
         raise CheckpointError(
-            f"could not read checkpoint {path}: {err}. Delete it to fall back to an older one."
-        ) from err
+            f"none of the {len(candidates)} checkpoints in {checkpoint_dir(run_dir)} can be read:\n  "
+            + "\n  ".join(failures)
+            + "\nMove them away to start this run over from step 0, or resume from a copy that reads."
+        )
+    return None
 
 
 def check_same_model(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:

@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from model.config import ModelConfig
+from training.run_record import register_run_name_resolver
 
 # ruff: noqa: UP006, UP045
 
@@ -124,7 +125,9 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     device: str = "auto"  # auto: cuda, else mps, else cpu
-    run_name: str = "${model.name}-${norm.name}-s${seed}"
+    run_name: str = "${model.name}-${norm.name}-s${seed}${overrides_tag:}"
+    # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
+    resume_with_changes: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -146,7 +149,12 @@ class EvalConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
+# Overrides of these keys show in the readable part of a run name; others add a short hash.
+RUN_NAME_KEYS = ("norm", "model", "seed", "run_name")
+
+
 def register_configs() -> None:
+    register_run_name_resolver(RUN_NAME_KEYS)
     store = ConfigStore.instance()
     store.store(name="normlab_schema", node=Config)
     store.store(name="eval_schema", node=EvalConfig)

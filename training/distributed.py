@@ -39,6 +39,10 @@ class Distributed:
         dist.all_reduce(tensor)
         return tensor.item() / self.world_size
 
+    def all_true(self, flag: bool, device: torch.device) -> bool:
+        """Whether ``flag`` holds on every process (a collective: every process must call it)."""
+        return self.mean(float(flag), device) == 1.0
+
     def check_in_sync(self, model: torch.nn.Module, device: torch.device) -> float:
         """Raise if the processes' weights differ; returns this process's weight checksum."""
         checksum = sum(p.detach().double().pow(2).sum().item() for p in model.parameters())

@@ -1,0 +1,56 @@
+"""One writer per run directory: an advisory lock that dies with the process holding it.
+
+``<run dir>/.lock`` is locked with ``flock`` for as long as a process trains there. The kernel
+drops the lock when that process exits, however it exits, so a killed run leaves nothing that
+blocks the next one. While held, the file's text names the holder (pid, host, start time,
+command); a clean release empties it again, so a refused attempt leaves the file as it found
+it. A second process is refused at once, without waiting. Under torchrun rank 0 holds the
+lock for the whole job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import os
+import socket
+import sys
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+
+
+class RunLockedError(RuntimeError):
+    """Another live process is training in this run directory."""
+
+
+class RunLock:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock and write who holds it, or raise at once, naming the process that holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self.path.read_text().strip() or "a process that is still starting"
+            os.close(fd)
+            raise RunLockedError(
+                f"another process is training in {self.path.parent} ({holder}); a run directory has one "
+                "writer at a time. Wait for it to finish or stop it, or start a separate run with run_name=..."
+            ) from None
+        self.fd = fd
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        text = f"pid {os.getpid()} on {socket.gethostname()}, since {started}: {' '.join(sys.argv)}\n"
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, text.encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,215 @@
+"""What identifies a run, and its record in ``<run dir>/config.yaml``.
+
+A run directory holds one run. Its ``config.yaml`` is written once, when the run starts: the
+resolved config and ``runtime:`` (what actually ran). Rerunning with the same configuration
+resumes the run; a different one is refused before anything is written, unless the user
+names the keys that may change (``resume_with_changes=[train.lr]``). Each resume appends an
+entry to the record's ``resumes:`` list (time, step, what changed) and replaces nothing.
+
+Keys in ``FREE_KEYS`` may change on resume because they do not change what the run computes
+(logging, checkpointing, the device it runs on, the micro-batch when the global batch stays);
+every other key, present or future, identifies the run. Two resolved values from ``runtime``
+identify it too: the precision (``auto`` means bf16 on a GPU, fp32 elsewhere) and the global
+batch in tokens.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from training.atomic import atomic_write_text
+
+RECORD = "config.yaml"
+
+FREE_KEYS = (
+    "run_name",
+    "resume_with_changes",
+    "device",
+    "logger",
+    "data.cache_dir",
+    "train.log_every",
+    "train.eval_every",
+    "train.stats_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.perf_warmup_steps",
+    "train.peak_flops",
+    "train.dist_timeout_s",
+    "train.compile",
+    # The global batch (runtime.global_batch_tokens) is compared instead: with it fixed, the
+    # micro-batch and the process count only change how the same batch is split.
+    "train.batch_size",
+    "train.global_batch_tokens",
+    "train.precision",  # compared resolved, as runtime.precision
+)
+RESOLVED_RUNTIME_KEYS = ("precision", "global_batch_tokens")
+
+# Why a changed key matters, where it is not obvious.
+_WHY = {
+    "train.max_steps": "the cosine schedule spans max_steps, so changing it changes the learning rate of every step "
+    "from step 0 on: the steps already taken followed another schedule",
+}
+
+
+class RunIdentityError(ValueError):
+    """The run directory holds a run of another configuration; the message says what differs."""
+
+
+def _is_free(key: str) -> bool:
+    return any(key == free or key.startswith(free + ".") for free in FREE_KEYS)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}``; lists stay values."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def identity(run_config: dict) -> dict[str, Any]:
+    """The keys and values that define a run, from a config dict with its ``runtime`` section."""
+    body = {k: v for k, v in run_config.items() if k not in ("runtime", "resumes")}
+    keys = {k: v for k, v in flatten(body).items() if not _is_free(k)}
+    runtime = run_config.get("runtime") or {}
+    keys.update({f"runtime.{k}": runtime.get(k) for k in RESOLVED_RUNTIME_KEYS})
+    return keys
+
+
+def read_record(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / RECORD
+    if not path.is_file():
+        return None
+    record = yaml.safe_load(path.read_text())
+    if not isinstance(record, dict):
+        raise RunIdentityError(f"{path} is not a run record (a YAML mapping); move it away or use another run_name")
+    return record
+
+
+def effective_config(record: dict) -> dict:
+    """The record's config with every accepted resume change applied, oldest first."""
+    flat = flatten({k: v for k, v in record.items() if k != "resumes"})
+    for resume in record.get("resumes") or []:
+        flat.update({key: change["now"] for key, change in (resume.get("changes") or {}).items()})
+    tree: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def _changes(recorded: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any]) -> dict[str, dict]:
+    """Keys whose value differs; a key the record lacks (older code) counts at its schema default."""
+    missing = object()
+    changes = {}
+    for key in sorted(recorded.keys() | current.keys()):
+        was = recorded.get(key, defaults.get(key, missing))
+        now = current.get(key, missing)
+        if was != now:
+            changes[key] = {"was": None if was is missing else was, "now": None if now is missing else now}
+    return changes
+
+
+def check_resume(run_dir: Path, run_config: dict, schema_defaults: dict, allowed: list[str]) -> dict | None:
+    """Compare ``run_config`` with the run recorded in ``run_dir``; raise if it is another run.
+
+    Returns None for a new run directory, else the resume entry to append (the changed keys,
+    free ones included, with both values).
+    """
+    record = read_record(run_dir)
+    if record is None:
+        return None
+    recorded = effective_config(record)
+    unknown = sorted(key for key in allowed if key not in flatten(run_config) and key not in flatten(recorded))
+    if unknown:
+        raise RunIdentityError(
+            f"resume_with_changes names {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not a "
+            "config key; give dotted keys such as train.lr"
+        )
+    defaults = flatten(schema_defaults)
+    identity_changes = _changes(identity(recorded), identity(run_config), defaults)
+    refused = {k: v for k, v in identity_changes.items() if k not in allowed}
+    path = Path(run_dir) / RECORD
+    if refused:
+        lines = [f"  {key}: {change['was']!r} in {path} vs {change['now']!r} now" for key, change in refused.items()]
+        lines += [f"  ({key}: {_WHY[key]})" for key in refused if key in _WHY]
+        keys = ",".join(refused)
+        raise RunIdentityError(
+            f"{run_dir} holds a run with another configuration, and a run directory holds one run:\n"
+            + "\n".join(lines)
+            + f"\nTo start a separate run, give it another name: run_name=... (or hydra.run.dir=...). To continue "
+            f"this run with the new values anyway, add 'resume_with_changes=[{keys}]'; the change is then recorded "
+            f"in {path} under resumes. Nothing in {run_dir} was changed."
+        )
+    return {"changes": _changes(_recorded_keys(recorded), _recorded_keys(run_config), defaults)}
+
+
+def _recorded_keys(config: dict) -> dict[str, Any]:
+    """Every config key worth noting in a resume entry (not runtime, not the permission itself)."""
+    body = {k: v for k, v in config.items() if k not in ("runtime", "resumes", "resume_with_changes")}
+    return flatten(body)
+
+
+def write_new_record(run_dir: Path, run_config: dict) -> None:
+    atomic_write_text(Path(run_dir) / RECORD, yaml.safe_dump(run_config, sort_keys=False))
+
+
+def append_resume(run_dir: Path, entry: dict, runtime: dict) -> None:
+    """Add one entry (``step``, ``checkpoint``, ``changes``) to the record's ``resumes:`` list.
+
+    The rest of the file stays as it was.
+    """
+    record = read_record(run_dir)
+    resume = {
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "step": entry["step"],
+        "checkpoint": entry["checkpoint"],
+        "changes": entry["changes"],
+        "runtime": {k: runtime[k] for k in ("device", "world_size", "norm_backend", "grad_accum") if k in runtime},
+    }
+    record.setdefault("resumes", []).append(resume)
+    atomic_write_text(Path(run_dir) / RECORD, yaml.safe_dump(record, sort_keys=False))
+
+
+def overrides_tag(overrides: list[str], readable_keys: tuple[str, ...]) -> str:
+    """``-h<6 hex>`` from the command-line overrides not already in the readable run name, or "".
+
+    Two commands that differ in what they compute get different run names (so they never meet
+    in one directory by accident); the same command gets the same name, so it finds its run.
+    Overrides of keys that may change on resume do not split runs.
+    """
+    kept = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in readable_keys or _is_free(key) or key.startswith("hydra."):
+            continue
+        kept.append(override.lstrip("+"))
+    if not kept:
+        return ""
+    return "-h" + hashlib.sha1("\n".join(sorted(kept)).encode()).hexdigest()[:6]
+
+
+def register_run_name_resolver(readable_keys: tuple[str, ...]) -> None:
+    """``${overrides_tag:}`` in configs: the tag of this process's Hydra overrides ("" outside Hydra)."""
+
+    def resolve() -> str:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return ""
+        return overrides_tag(list(HydraConfig.get().overrides.task), readable_keys)
+
+    if not OmegaConf.has_resolver("overrides_tag"):
+        OmegaConf.register_new_resolver("overrides_tag", resolve)
