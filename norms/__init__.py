@@ -3,22 +3,29 @@
 Stands alone: nothing here imports the model or the training code.
 """
 
-from norms.functional import layer_norm, partial_rms_norm, rms_norm
+from norms.functional import derf, dyt, layer_norm, partial_rms_norm, rms_norm
 from norms.fused import FusedRMSNorm, fused_add_rms_norm, fused_rms_norm
-from norms.modules import LayerNorm, Norm, PartialRMSNorm, RMSNorm
-from norms.registry import NORM_NAMES, build_norm, norm_options
+from norms.modules import GAINS, Derf, DyT, Identity, LayerNorm, Norm, PartialRMSNorm, RMSNorm
+from norms.registry import NORM_NAMES, build_norm, norm_class, norm_options
 
 __all__ = [
+    "GAINS",
     "NORM_NAMES",
+    "Derf",
+    "DyT",
+    "Identity",
     "FusedRMSNorm",
     "LayerNorm",
     "Norm",
     "PartialRMSNorm",
     "RMSNorm",
     "build_norm",
+    "derf",
+    "dyt",
     "fused_add_rms_norm",
     "fused_rms_norm",
     "layer_norm",
+    "norm_class",
     "norm_options",
     "partial_rms_norm",
     "rms_norm",

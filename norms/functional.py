@@ -22,8 +22,8 @@ import torch
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _check_input(x: torch.Tensor, eps: float) -> int:
-    """Validate what every op shares and return D, the size of the normalized axis."""
+def _check_input(x: torch.Tensor, eps: float = 1.0) -> int:
+    """Validate what every op shares and return D, the size of the normalized axis (eps: for ops that have one)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -62,15 +62,25 @@ def _check_k(k: object, dim: int) -> int:
     return k
 
 
+def _gain(weight: torch.Tensor, dtype: torch.dtype, zero_centered: bool) -> torch.Tensor:
+    """The gain in the compute dtype: ``weight``, or ``1 + weight`` added there (so a tiny w still counts)."""
+    gain = weight.to(dtype)
+    return gain + 1.0 if zero_centered else gain
+
+
 def _apply_gain(
-    x_hat: torch.Tensor, weight: torch.Tensor | None, out_dtype: torch.dtype, cast_before_weight: bool
+    x_hat: torch.Tensor,
+    weight: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    cast_before_weight: bool,
+    zero_centered: bool = False,
 ) -> torch.Tensor:
     """Multiply the (compute-dtype) normalized rows by the gain and round to ``out_dtype``."""
     if weight is None:
         return x_hat.to(out_dtype)
     if cast_before_weight:
         x_hat = x_hat.to(out_dtype).to(x_hat.dtype)
-    return (x_hat * weight.to(x_hat.dtype)).to(out_dtype)
+    return (x_hat * _gain(weight, x_hat.dtype, zero_centered)).to(out_dtype)
 
 
 def partial_rms_norm(
@@ -80,18 +90,20 @@ def partial_rms_norm(
     eps: float = 1e-6,
     *,
     cast_before_weight: bool = False,
+    zero_centered: bool = False,
 ) -> torch.Tensor:
     """pRMSNorm (Zhang & Sennrich 2019, Eq. 4): the RMS of the first ``k`` features scales all D.
 
     The statistic is an ordinary differentiable function of the prefix, so gradients of any
     output feature reach the prefix inputs. ``k == D`` is exactly :func:`rms_norm`.
+    ``zero_centered=True`` applies the gain as ``1 + weight`` (Gemma's parametrization).
     """
     dim = _check_input(x, eps)
     k = _check_k(k, dim)
     _check_affine(weight, "weight", x, dim)
     xc = x.to(_compute_dtype(x))
     inv_rms = torch.rsqrt(xc[..., :k].pow(2).mean(dim=-1, keepdim=True) + eps)
-    return _apply_gain(xc * inv_rms, weight, x.dtype, cast_before_weight)
+    return _apply_gain(xc * inv_rms, weight, x.dtype, cast_before_weight, zero_centered)
 
 
 def rms_norm(
@@ -100,6 +112,7 @@ def rms_norm(
     eps: float = 1e-6,
     *,
     cast_before_weight: bool = False,
+    zero_centered: bool = False,
 ) -> torch.Tensor:
     """RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x**2) + eps) * weight``.
 
@@ -107,7 +120,7 @@ def rms_norm(
     there is no bias.
     """
     dim = _check_input(x, eps)
-    return partial_rms_norm(x, weight, dim, eps, cast_before_weight=cast_before_weight)
+    return partial_rms_norm(x, weight, dim, eps, cast_before_weight=cast_before_weight, zero_centered=zero_centered)
 
 
 def layer_norm(
@@ -115,6 +128,8 @@ def layer_norm(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
+    *,
+    zero_centered: bool = False,
 ) -> torch.Tensor:
     """LayerNorm (Ba et al. 2016): subtract the mean, divide by the (biased) standard deviation."""
     dim = _check_input(x, eps)
@@ -124,7 +139,62 @@ def layer_norm(
     centred = xc - xc.mean(dim=-1, keepdim=True)
     y = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.to(y.dtype)
+        y = y * _gain(weight, y.dtype, zero_centered)
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.to(x.dtype)
+
+
+def _check_scalar(param: torch.Tensor, name: str, x: torch.Tensor) -> None:
+    if param.numel() != 1:
+        raise ValueError(f"{name} must be a single learned scalar (shape (1,)), got shape {tuple(param.shape)}")
+    if param.device != x.device:
+        raise ValueError(f"{name} is on {param.device} but x is on {x.device}; move both to the same device")
+
+
+def _pointwise_affine(
+    squashed: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    if weight is not None:
+        squashed = squashed * weight.to(squashed.dtype)
+    if bias is not None:
+        squashed = squashed + bias.to(squashed.dtype)
+    return squashed.to(out_dtype)
+
+
+def dyt(
+    x: torch.Tensor, alpha: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """DyT (Zhu et al., CVPR 2025): ``weight * tanh(alpha * x) + bias``, element by element.
+
+    No statistic: a learned scalar ``alpha`` sets how early tanh squashes large activations,
+    which is the S-shape that LayerNorm's input-output map takes in trained Transformers.
+    Computed in float32 for half inputs and rounded once, like the norms above.
+    """
+    dim = _check_input(x)
+    _check_scalar(alpha, "alpha", x)
+    _check_affine(weight, "weight", x, dim)
+    _check_affine(bias, "bias", x, dim)
+    xc = x.to(_compute_dtype(x))
+    return _pointwise_affine(torch.tanh(alpha.to(xc.dtype) * xc), weight, bias, x.dtype)
+
+
+def derf(
+    x: torch.Tensor,
+    alpha: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Derf (Chen et al. 2025, arXiv 2512.10938): ``weight * erf(alpha * x + shift) + bias``.
+
+    Like DyT with erf in place of tanh (a steeper, Gaussian-CDF-shaped squash) and a learned
+    scalar shift inside it.
+    """
+    dim = _check_input(x)
+    _check_scalar(alpha, "alpha", x)
+    _check_scalar(shift, "shift", x)
+    _check_affine(weight, "weight", x, dim)
+    _check_affine(bias, "bias", x, dim)
+    xc = x.to(_compute_dtype(x))
+    return _pointwise_affine(torch.erf(alpha.to(xc.dtype) * xc + shift.to(xc.dtype)), weight, bias, x.dtype)

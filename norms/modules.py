@@ -1,9 +1,12 @@
-"""nn.Module wrappers around the reference ops, with a learned gain (and LayerNorm's bias).
+"""nn.Module wrappers around the reference ops, with learned gains (and biases and scalars).
 
 Every norm accepts an optional ``residual``: ``norm(x, residual)`` returns
 ``(norm(x + residual), x + residual)``. A pre-norm block adds its branch output to the
 residual stream and normalizes the sum in one call, which the fused kernel does in a single
 pass and the reference norms do in two; the block code is the same for all of them.
+
+What a norm can do beyond computing (its gain, an equivalent plain RMSNorm for export, the
+backend that runs it) is asked of the class, so code elsewhere never lists norm names.
 """
 
 from __future__ import annotations
@@ -13,11 +16,19 @@ import math
 import torch
 from torch import nn
 
-from norms.functional import _check_k, layer_norm, partial_rms_norm, rms_norm
+from norms.functional import _check_k, derf, dyt, layer_norm, partial_rms_norm, rms_norm
+
+GAINS = ("standard", "one_plus", "none")
 
 
 class Norm(nn.Module):
-    """Base class: subclasses implement ``normalize``; the residual-add contract lives here."""
+    """Base class: subclasses implement ``normalize``; the residual-add contract lives here.
+
+    ``role`` is a free-form tag that whoever places the norm may set (a model sets
+    ``"attn_in"``, ``"q"``, ...), so that statistics can say what the norm sees.
+    """
+
+    role: str | None = None
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -30,26 +41,76 @@ class Norm(nn.Module):
         total = x + residual
         return self.normalize(total), total
 
+    def effective_gain(self) -> torch.Tensor | None:
+        """The per-feature gain the output is multiplied by, in float32, or None without one."""
+        weight = getattr(self, "weight", None)
+        return None if weight is None else weight.detach().float()
+
+    def plain_rms_norm_weight(self) -> torch.Tensor | None:
+        """The weight ``w`` of an equivalent ``x * rsqrt(mean(x**2) + eps) * w`` over all features, or None.
+
+        What exporting to a Hugging Face class with an RMSNorm (Llama, Qwen3, OLMo 2) needs.
+        """
+        return None
+
+    def backend(self, device: torch.device | str) -> str:
+        """The implementation that runs this norm on ``device`` (recorded in a run's config)."""
+        return "pytorch"
+
 
 def _check_dim(dim: int) -> None:
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"dim must be a positive int (the feature size), got {dim!r}")
 
 
-class RMSNorm(Norm):
-    """RMSNorm with a gain initialised to ones."""
+def _gain_parameter(dim: int, gain: str) -> nn.Parameter | None:
+    """The learned gain: ones (standard), zeros applied as 1 + w (one_plus, Gemma), or none."""
+    if gain not in GAINS:
+        raise ValueError(f"gain must be one of {', '.join(GAINS)}, got {gain!r}")
+    if gain == "none":
+        return None
+    return nn.Parameter(torch.zeros(dim) if gain == "one_plus" else torch.ones(dim))
 
-    def __init__(self, dim: int, eps: float = 1e-6, cast_before_weight: bool = False) -> None:
+
+class _GainedNorm(Norm):
+    """A norm with a gain parametrization (``standard``, ``one_plus`` or ``none``)."""
+
+    def __init__(self, dim: int, eps: float, gain: str) -> None:
         super().__init__()
         _check_dim(dim)
-        self.dim, self.eps, self.cast_before_weight = dim, eps, cast_before_weight
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.dim, self.eps, self.gain = dim, eps, gain
+        self.register_parameter("weight", _gain_parameter(dim, gain))
+
+    @property
+    def zero_centered(self) -> bool:
+        return self.gain == "one_plus"
+
+    def effective_gain(self) -> torch.Tensor | None:
+        gain = super().effective_gain()
+        return gain + 1.0 if gain is not None and self.zero_centered else gain
+
+    def gain_or_ones(self) -> torch.Tensor:
+        gain = self.effective_gain()
+        return torch.ones(self.dim) if gain is None else gain
+
+
+class RMSNorm(_GainedNorm):
+    """RMSNorm with a gain initialised to ones (or zeros applied as 1 + w, or none)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, cast_before_weight: bool = False, gain: str = "standard") -> None:
+        super().__init__(dim, eps, gain)
+        self.cast_before_weight = cast_before_weight
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, cast_before_weight=self.cast_before_weight)
+        return rms_norm(
+            x, self.weight, self.eps, cast_before_weight=self.cast_before_weight, zero_centered=self.zero_centered
+        )
+
+    def plain_rms_norm_weight(self) -> torch.Tensor | None:
+        return self.gain_or_ones()
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, cast_before_weight={self.cast_before_weight}"
+        return f"{self.dim}, eps={self.eps}, cast_before_weight={self.cast_before_weight}, gain={self.gain}"
 
 
 def resolve_partial_k(dim: int, p: float | None, k: int | None) -> int:
@@ -66,7 +127,7 @@ def resolve_partial_k(dim: int, p: float | None, k: int | None) -> int:
     return max(1, math.ceil(round(p * dim, 9)))
 
 
-class PartialRMSNorm(Norm):
+class PartialRMSNorm(_GainedNorm):
     """pRMSNorm: the RMS of the first ``k`` features normalizes all ``dim`` features."""
 
     def __init__(
@@ -76,32 +137,111 @@ class PartialRMSNorm(Norm):
         k: int | None = None,
         eps: float = 1e-6,
         cast_before_weight: bool = False,
+        gain: str = "standard",
     ) -> None:
-        super().__init__()
-        _check_dim(dim)
-        self.dim, self.eps, self.cast_before_weight = dim, eps, cast_before_weight
+        super().__init__(dim, eps, gain)
+        self.cast_before_weight = cast_before_weight
         self.k = resolve_partial_k(dim, p, k)
-        self.weight = nn.Parameter(torch.ones(dim))
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return partial_rms_norm(x, self.weight, self.k, self.eps, cast_before_weight=self.cast_before_weight)
+        return partial_rms_norm(
+            x,
+            self.weight,
+            self.k,
+            self.eps,
+            cast_before_weight=self.cast_before_weight,
+            zero_centered=self.zero_centered,
+        )
+
+    def plain_rms_norm_weight(self) -> torch.Tensor | None:
+        return self.gain_or_ones() if self.k == self.dim else None
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, k={self.k}, eps={self.eps}, cast_before_weight={self.cast_before_weight}"
+        return f"{self.dim}, k={self.k}, eps={self.eps}, cast_before_weight={self.cast_before_weight}, gain={self.gain}"
 
 
-class LayerNorm(Norm):
-    """LayerNorm with a gain (ones) and an optional bias (zeros)."""
+class LayerNorm(_GainedNorm):
+    """LayerNorm with a gain (ones; or zeros applied as 1 + w; or none) and an optional bias (zeros)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
-        super().__init__()
-        _check_dim(dim)
-        self.dim, self.eps = dim, eps
-        self.weight = nn.Parameter(torch.ones(dim))
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True, gain: str = "standard") -> None:
+        super().__init__(dim, eps, gain)
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps)
+        return layer_norm(x, self.weight, self.bias, self.eps, zero_centered=self.zero_centered)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, bias={self.bias is not None}"
+        return f"{self.dim}, eps={self.eps}, bias={self.bias is not None}, gain={self.gain}"
+
+
+def _check_alpha_init(alpha_init: float) -> None:
+    if isinstance(alpha_init, bool) or not isinstance(alpha_init, (int, float)) or not alpha_init > 0:
+        raise ValueError(
+            f"alpha_init must be a number > 0 (the initial slope of the squashing function; the papers use "
+            f"0.5, and 0.8 / 0.2 for attention / other norms in LLaMA), got {alpha_init!r}"
+        )
+
+
+class _PointwiseNorm(Norm):
+    """A statistic-free replacement for a norm: ``weight * squash(alpha * x [+ shift]) + bias``."""
+
+    SATURATION = 2.0  # |argument| past which tanh and erf are within 4% (resp. 0.5%) of their limit
+
+    def __init__(self, dim: int, alpha_init: float, bias: bool) -> None:
+        super().__init__()
+        _check_dim(dim)
+        _check_alpha_init(alpha_init)
+        self.dim, self.alpha_init = dim, alpha_init
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def squash_argument(self, x: torch.Tensor) -> torch.Tensor:
+        return self.alpha * x
+
+    @torch.no_grad()
+    def saturated_fraction(self, x: torch.Tensor) -> float:
+        """The share of inputs in the flat part of the squash (|argument| > 2): what no longer passes through."""
+        return (self.squash_argument(x.float()).abs() > self.SATURATION).float().mean().item()
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, alpha_init={self.alpha_init}, bias={self.bias is not None}"
+
+
+class DyT(_PointwiseNorm):
+    """Dynamic Tanh (Zhu et al. 2025): ``weight * tanh(alpha * x) + bias`` with a learned scalar alpha."""
+
+    def __init__(self, dim: int, alpha_init: float = 0.5, bias: bool = True) -> None:
+        super().__init__(dim, alpha_init, bias)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return dyt(x, self.alpha, self.weight, self.bias)
+
+
+class Derf(_PointwiseNorm):
+    """Dynamic erf (Chen et al. 2025): ``weight * erf(alpha * x + shift) + bias``, alpha and shift learned scalars."""
+
+    def __init__(self, dim: int, alpha_init: float = 0.5, shift_init: float = 0.0, bias: bool = True) -> None:
+        super().__init__(dim, alpha_init, bias)
+        self.shift = nn.Parameter(torch.full((1,), float(shift_init)))
+
+    def squash_argument(self, x: torch.Tensor) -> torch.Tensor:
+        return self.alpha * x + self.shift
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return derf(x, self.alpha, self.shift, self.weight, self.bias)
+
+
+class Identity(Norm):
+    """No normalization at all: the baseline that shows what the norms are for."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        _check_dim(dim)
+        self.dim = dim
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}"

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import inspect
 
-from torch import nn
-
 from norms.fused.module import FusedRMSNorm
-from norms.modules import LayerNorm, PartialRMSNorm, RMSNorm
+from norms.modules import Derf, DyT, Identity, LayerNorm, Norm, PartialRMSNorm, RMSNorm
 
-_NORMS: dict[str, type[nn.Module]] = {
+_NORMS: dict[str, type[Norm]] = {
     "layernorm": LayerNorm,
     "rmsnorm": RMSNorm,
     "prmsnorm": PartialRMSNorm,
     "fused_rmsnorm": FusedRMSNorm,
+    "dyt": DyT,
+    "derf": Derf,
+    "identity": Identity,
 }
 
 NORM_NAMES: tuple[str, ...] = tuple(_NORMS)
@@ -24,20 +25,20 @@ NORM_NAMES: tuple[str, ...] = tuple(_NORMS)
 
 def norm_options(name: str) -> tuple[str, ...]:
     """The keyword options a norm accepts besides ``dim`` (for error messages and config checks)."""
-    params = inspect.signature(_norm_class(name).__init__).parameters
+    params = inspect.signature(norm_class(name).__init__).parameters
     return tuple(p for p in params if p not in ("self", "dim"))
 
 
-def _norm_class(name: str) -> type[nn.Module]:
+def norm_class(name: str) -> type[Norm]:
     try:
         return _NORMS[name]
     except KeyError:
         raise ValueError(f"unknown norm {name!r}; known norms: {', '.join(NORM_NAMES)}") from None
 
 
-def build_norm(name: str, dim: int, **options) -> nn.Module:
+def build_norm(name: str, dim: int, **options) -> Norm:
     """Build the norm called ``name`` over ``dim`` features, e.g. ``build_norm("prmsnorm", 512, p=0.0625)``."""
-    cls = _norm_class(name)
+    cls = norm_class(name)
     unknown = sorted(set(options) - set(norm_options(name)))
     if unknown:
         raise ValueError(

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from norms import layer_norm, partial_rms_norm, rms_norm
+from norms import derf, dyt, layer_norm, partial_rms_norm, rms_norm
 
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
@@ -149,6 +149,44 @@ def test_gradcheck_all_ops():
     assert torch.autograd.gradcheck(lambda x, w, b: layer_norm(x, w, b), (x, w, b))
 
 
+def test_dyt_and_derf_by_hand():
+    x = torch.tensor([[0.0, 1.0, -2.0]], dtype=torch.float64)
+    alpha, shift = torch.tensor([0.5], dtype=torch.float64), torch.tensor([0.25], dtype=torch.float64)
+    w, b = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), torch.tensor([0.0, 0.1, -0.1], dtype=torch.float64)
+    expected_dyt = [0.0, 2 * math.tanh(0.5) + 0.1, 3 * math.tanh(-1.0) - 0.1]
+    torch.testing.assert_close(dyt(x, alpha, w, b)[0], torch.tensor(expected_dyt, dtype=torch.float64))
+    expected_derf = [math.erf(0.25), 2 * math.erf(0.75) + 0.1, 3 * math.erf(-0.75) - 0.1]
+    torch.testing.assert_close(derf(x, alpha, shift, w, b)[0], torch.tensor(expected_derf, dtype=torch.float64))
+
+
+def test_pointwise_ops_compute_half_inputs_in_float32():
+    x = torch.randn(4, 64).bfloat16()
+    alpha = torch.tensor([0.7])
+    assert torch.equal(dyt(x, alpha), torch.tanh(0.7 * x.float()).bfloat16())
+    assert dyt(x, alpha).dtype == torch.bfloat16
+
+
+def test_gradcheck_pointwise_ops_including_the_learned_scalars():
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    alpha = torch.tensor([0.6], dtype=torch.float64, requires_grad=True)
+    shift = torch.tensor([0.1], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(dyt, (x, alpha, w, b))
+    assert torch.autograd.gradcheck(derf, (x, alpha, shift, w, b))
+    # d/dalpha of sum(tanh(alpha x)) = sum(x (1 - tanh^2(alpha x))), by hand.
+    (grad,) = torch.autograd.grad(dyt(x, alpha).sum(), alpha)
+    torch.testing.assert_close(grad, (x * (1 - torch.tanh(alpha * x) ** 2)).sum().reshape(1))
+
+
+def test_gradcheck_zero_centred_gains():
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, w, zero_centered=True), (x, w))
+    assert torch.autograd.gradcheck(lambda x, w: layer_norm(x, w, zero_centered=True), (x, w))
+    torch.testing.assert_close(rms_norm(x, w, zero_centered=True), rms_norm(x, w + 1))
+
+
 def test_partial_statistic_carries_gradient_from_suffix_to_prefix():
     x = torch.randn(1, 8, dtype=torch.float64, requires_grad=True)
     partial_rms_norm(x, None, 2)[0, 5].backward()
@@ -175,6 +213,8 @@ def test_bad_k(k):
         (lambda: layer_norm(torch.randn(2, 4), eps=-1.0), ValueError, "eps must be > 0"),
         (lambda: layer_norm(torch.randn(2, 4), None, torch.ones(3)), ValueError, "bias must have shape"),
         (lambda: partial_rms_norm(torch.randn(2, 4), None, 2, eps=0), ValueError, "eps"),
+        (lambda: dyt(torch.randn(2, 4), torch.ones(2)), ValueError, "alpha must be a single learned scalar"),
+        (lambda: derf(torch.randn(2, 4), torch.ones(1), torch.ones(1), torch.ones(3)), ValueError, "shape \\(4,\\)"),
     ],
 )
 def test_error_paths(call, error, message):

@@ -164,8 +164,9 @@ def test_custom_ops_pass_opcheck():
     x = torch.randn(3, 24, device=DEVICE)
     r = torch.randn(3, 24, device=DEVICE)
     w = torch.rand(24, device=DEVICE, requires_grad=True)
-    torch.library.opcheck(fused_ops._rms_norm_fwd, (x.requires_grad_(), None, w, 24, 1e-6, False))
-    torch.library.opcheck(fused_ops._rms_norm_fwd, (x, r.requires_grad_(), w, 6, 1e-6, True))
+    torch.library.opcheck(fused_ops._rms_norm_fwd, (x.requires_grad_(), None, w, 24, 1e-6, False, 0))
+    torch.library.opcheck(fused_ops._rms_norm_fwd, (x, r.requires_grad_(), w, 6, 1e-6, True, 1))
+    torch.library.opcheck(fused_ops._rms_norm_fwd, (x, r, None, 24, 1e-6, False, 2))  # no gain
 
 
 def test_traces_under_torch_compile_without_graph_break():
@@ -210,11 +211,50 @@ def test_interpreter_backend_is_reported():
     assert kernel_backend(DEVICE) == expected
 
 
+@pytest.mark.parametrize("gain", ["one_plus", "none"])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("single_block", [True, False])
+def test_gain_parametrizations_match_the_reference(gain, with_residual, single_block, monkeypatch):
+    """GAIN is a kernel constant: 1 + w, or no gain (and no weight gradient), in both code paths."""
+    if not single_block:
+        monkeypatch.setattr(fused_ops, "MAX_SINGLE_BLOCK", 16)
+    torch.manual_seed(0)
+    dim = 40
+    fused, plain = FusedRMSNorm(dim, gain=gain).to(DEVICE), build_norm("rmsnorm", dim, gain=gain).to(DEVICE)
+    if gain == "one_plus":
+        with torch.no_grad():
+            fused.weight.normal_(0, 0.3)
+            plain.weight.copy_(fused.weight)
+    x = torch.randn(6, dim, device=DEVICE, requires_grad=True)
+    residual = torch.randn(6, dim, device=DEVICE) if with_residual else None
+    outputs = []
+    for norm in (fused, plain):
+        x.grad = None
+        y = norm(x, residual=residual)[0] if with_residual else norm(x)
+        y.backward(torch.arange(y.numel(), device=DEVICE).view_as(y).sin())
+        outputs.append((y, x.grad.clone(), None if norm.weight is None else norm.weight.grad))
+    (fy, fdx, fdw), (py, pdx, pdw) = outputs
+    torch.testing.assert_close(fy, py, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fdx, pdx, atol=1e-5, rtol=1e-5)
+    if gain == "none":
+        assert fused.weight is None and list(fused.parameters()) == []
+    else:
+        torch.testing.assert_close(fdw, pdw, atol=1e-5, rtol=1e-5)
+
+
+def test_one_plus_with_zero_weight_is_bit_identical_to_standard():
+    torch.manual_seed(0)
+    x = torch.randn(8, 48, device=DEVICE, dtype=torch.bfloat16)
+    standard = fused_rms_norm(x, torch.ones(48, device=DEVICE))
+    assert torch.equal(fused_rms_norm(x, torch.zeros(48, device=DEVICE), zero_centered=True), standard)
+    small = torch.full((48,), 2**-8, device=DEVICE)  # 1 + 2^-8 is lost in bfloat16, not in float32
+    assert not torch.equal(fused_rms_norm(x, small.bfloat16(), zero_centered=True), standard)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
         (lambda: fused_rms_norm(torch.randn(2, 8), torch.ones(8), k=9), r"\[1, 8\]"),
-        (lambda: fused_rms_norm(torch.randn(2, 8), None), "need a weight"),
         (lambda: fused_rms_norm(torch.randn(2, 8), torch.ones(7)), r"shape \(8,\)"),
         (lambda: fused_add_rms_norm(torch.randn(2, 8), torch.randn(2, 7), torch.ones(8)), "residual must match"),
         (lambda: fused_rms_norm(torch.randn(2, 8), torch.ones(8), eps=0), "eps must be > 0"),

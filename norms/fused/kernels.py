@@ -12,6 +12,11 @@ the statistic only flows into the first K features:
 
     dx_j = rstd * g_j - [j < K] * x_j * rstd**3 * sum_i(g_i * x_i) / K,   g = dy * w
 
+The gain is a compile-time choice, GAIN: 0 applies w, 1 applies 1 + w (zero-centred, the
+addition in float32, so a small w is not lost to a half-precision rounding), 2 applies
+none. With one_plus the weight gradient is unchanged (d(1 + w)/dw = 1); with none there is
+none.
+
 Row offsets are 64-bit, so tensors past 2**31 elements index correctly.
 """
 
@@ -38,12 +43,26 @@ def _load_input(X, R, S, cols, mask, HAS_RESIDUAL: tl.constexpr, STORE_SUM: tl.c
 
 
 @triton.jit
-def _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT: tl.constexpr):
-    """y = x * rstd * w, with the gain applied in float32 and one rounding (or HF's order)."""
+def _load_gain(W, cols, mask, GAIN: tl.constexpr):
+    """The gain in float32: w (GAIN 0), 1 + w (GAIN 1) or 1 (GAIN 2, W is not read)."""
+    if GAIN == 2:
+        gain = tl.full(cols.shape, 1.0, tl.float32)
+    else:
+        gain = _load_f32(W, cols, mask)
+        if GAIN == 1:
+            gain = gain + 1.0
+    return gain
+
+
+@triton.jit
+def _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT: tl.constexpr, GAIN: tl.constexpr):
+    """y = x * rstd * gain, with the gain applied in float32 and one rounding (or HF's order)."""
     y = x * rstd
     if CAST_BEFORE_WEIGHT:
         y = y.to(Y.dtype.element_ty).to(tl.float32)
-    tl.store(Y + cols, (y * _load_f32(W, cols, mask)).to(Y.dtype.element_ty), mask=mask)
+    if GAIN != 2:
+        y = y * _load_gain(W, cols, mask, GAIN)
+    tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -63,6 +82,7 @@ def rms_norm_fwd_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     CAST_BEFORE_WEIGHT: tl.constexpr,
+    GAIN: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE_BLOCK: tl.constexpr,
 ):
@@ -78,7 +98,7 @@ def rms_norm_fwd_kernel(
         mask = cols < N
         x = _load_input(X, R, S, cols, mask, HAS_RESIDUAL, True)
         rstd = 1.0 / tl.sqrt(tl.sum(tl.where(cols < K, x * x, 0.0), axis=0) / K + eps)
-        _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT)
+        _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT, GAIN)
     else:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, K, BLOCK):
@@ -89,7 +109,7 @@ def rms_norm_fwd_kernel(
         for start in range(0, N, BLOCK):
             c = start + cols
             x = _load_input(X, R, S, c, c < N, HAS_RESIDUAL, True)
-            _store_output(Y, W, c, c < N, x, rstd, CAST_BEFORE_WEIGHT)
+            _store_output(Y, W, c, c < N, x, rstd, CAST_BEFORE_WEIGHT, GAIN)
     tl.store(RSTD + row, rstd)
 
 
@@ -119,6 +139,7 @@ def rms_norm_bwd_kernel(
     K,
     rows_per_program,
     HAS_DRESIDUAL: tl.constexpr,
+    GAIN: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE_BLOCK: tl.constexpr,
 ):
@@ -131,7 +152,7 @@ def rms_norm_bwd_kernel(
 
     if SINGLE_BLOCK:
         mask = cols < N
-        w = _load_f32(W, cols, mask)
+        w = _load_gain(W, cols, mask, GAIN)
         dw = tl.zeros([BLOCK], dtype=tl.float32)
         for row in range(row_start, row_end):
             x = _load_f32(X + row * stride_x, cols, mask)
@@ -142,7 +163,8 @@ def rms_norm_bwd_kernel(
             dx = rstd * g - tl.where(cols < K, x, 0.0) * coef
             _store_dx(DX + row * stride_dx, DS + row * stride_ds, cols, mask, dx, HAS_DRESIDUAL)
             dw += dy * x * rstd
-        tl.store(DW_PARTIAL + cols, dw, mask=mask)
+        if GAIN != 2:
+            tl.store(DW_PARTIAL + cols, dw, mask=mask)
     else:
         for row in range(row_start, row_end):
             rstd = tl.load(RSTD + row)
@@ -150,14 +172,15 @@ def rms_norm_bwd_kernel(
             for start in range(0, N, BLOCK):
                 c = start + cols
                 x = _load_f32(X + row * stride_x, c, c < N)
-                acc += _load_f32(DY + row * stride_dy, c, c < N) * _load_f32(W, c, c < N) * x
+                acc += _load_f32(DY + row * stride_dy, c, c < N) * _load_gain(W, c, c < N, GAIN) * x
             coef = rstd * rstd * rstd * tl.sum(acc, axis=0) / K
             for start in range(0, N, BLOCK):
                 c = start + cols
                 mask = c < N
                 x = _load_f32(X + row * stride_x, c, mask)
                 dy = _load_f32(DY + row * stride_dy, c, mask)
-                dx = rstd * dy * _load_f32(W, c, mask) - tl.where(c < K, x, 0.0) * coef
+                dx = rstd * dy * _load_gain(W, c, mask, GAIN) - tl.where(c < K, x, 0.0) * coef
                 _store_dx(DX + row * stride_dx, DS + row * stride_ds, c, mask, dx, HAS_DRESIDUAL)
-                # This program alone owns its partial row, so read-modify-write needs no atomics.
-                tl.store(DW_PARTIAL + c, _load_f32(DW_PARTIAL, c, mask) + dy * x * rstd, mask=mask)
+                if GAIN != 2:
+                    # This program alone owns its partial row, so read-modify-write needs no atomics.
+                    tl.store(DW_PARTIAL + c, _load_f32(DW_PARTIAL, c, mask) + dy * x * rstd, mask=mask)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from norms.fused.ops import fused_add_rms_norm, fused_rms_norm
+from norms.fused.ops import fused_add_rms_norm, fused_rms_norm, kernel_backend
 from norms.modules import RMSNorm, resolve_partial_k
 
 
@@ -22,19 +22,27 @@ class FusedRMSNorm(RMSNorm):
         k: int | None = None,
         p: float | None = None,
         cast_before_weight: bool = False,
+        gain: str = "standard",
     ) -> None:
-        super().__init__(dim, eps, cast_before_weight)
+        super().__init__(dim, eps, cast_before_weight, gain)
         self.k = dim if k is None and p is None else resolve_partial_k(dim, p, k)
 
+    def _options(self) -> dict:
+        return {"cast_before_weight": self.cast_before_weight, "zero_centered": self.zero_centered}
+
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_rms_norm(x, self.weight, self.eps, self.k, cast_before_weight=self.cast_before_weight)
+        return fused_rms_norm(x, self.weight, self.eps, self.k, **self._options())
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
             return self.normalize(x)
-        return fused_add_rms_norm(
-            x, residual, self.weight, self.eps, self.k, cast_before_weight=self.cast_before_weight
-        )
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.k, **self._options())
+
+    def plain_rms_norm_weight(self) -> torch.Tensor | None:
+        return self.gain_or_ones() if self.k == self.dim else None
+
+    def backend(self, device: torch.device | str) -> str:
+        return kernel_backend(device)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, k={self.k}"

@@ -53,6 +53,11 @@ def _launch_config(n: int) -> tuple[int, bool, int]:
     return block, n <= block, min(max(block // 256, 1), 16)
 
 
+def _gain_code(weight: torch.Tensor | None, zero_centered: bool) -> int:
+    """The kernels' GAIN constant: 0 applies w, 1 applies 1 + w, 2 applies no gain."""
+    return 2 if weight is None else int(zero_centered)
+
+
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """View as (rows, D) without a copy when possible; only a non-unit last stride forces one."""
     rows = t.reshape(-1, t.shape[-1])
@@ -61,7 +66,13 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("normlab::rms_norm_fwd", mutates_args=())
 def _rms_norm_fwd(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, k: int, eps: float, cast_before_weight: bool
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    k: int,
+    eps: float,
+    cast_before_weight: bool,
+    gain: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (y, x + residual or an empty tensor, per-row 1/rms in float32)."""
     x2 = _as_rows(x)
@@ -80,7 +91,7 @@ def _rms_norm_fwd(
         rms_norm_fwd_kernel[(m,)](
             x2,
             r2,
-            weight,
+            x2 if weight is None else weight,  # not read without a gain
             y,
             s2,
             rstd,
@@ -93,6 +104,7 @@ def _rms_norm_fwd(
             eps,
             HAS_RESIDUAL=residual is not None,
             CAST_BEFORE_WEIGHT=cast_before_weight,
+            GAIN=gain,
             BLOCK=block,
             SINGLE_BLOCK=single,
             num_warps=warps,
@@ -101,7 +113,7 @@ def _rms_norm_fwd(
 
 
 @_rms_norm_fwd.register_fake
-def _(x, residual, weight, k, eps, cast_before_weight):
+def _(x, residual, weight, k, eps, cast_before_weight, gain):
     rows = math.prod(x.shape[:-1])
     s = torch.empty_like(x) if residual is not None else x.new_empty(0)
     return torch.empty_like(x), s, x.new_empty(rows, dtype=torch.float32)
@@ -115,21 +127,28 @@ def _num_bwd_programs(m: int, device: torch.device) -> int:
 
 @torch.library.custom_op("normlab::rms_norm_bwd", mutates_args=())
 def _rms_norm_bwd(
-    dy: torch.Tensor, dsum: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, k: int
+    dy: torch.Tensor,
+    dsum: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    k: int,
+    gain: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (dx, dweight). ``x`` is the normalized input (x + residual when fused); dx is a new buffer."""
+    """Returns (dx, dweight); dweight is empty without a gain. ``x`` is the normalized input
+    (x + residual when fused); dx is a new buffer."""
     x2, dy2 = _as_rows(x), _as_rows(dy)
     m, n = x2.shape
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     programs = max(_num_bwd_programs(m, x.device), 1)
-    dw_partial = torch.zeros((programs, n), dtype=torch.float32, device=x.device)
+    dw_partial = torch.zeros((programs if weight is not None else 1, n), dtype=torch.float32, device=x.device)
     ds2 = _as_rows(dsum) if dsum is not None else dy2
     if m > 0:
         block, single, warps = _launch_config(n)
         rms_norm_bwd_kernel[(programs,)](
             dy2,
             x2,
-            weight,
+            x2 if weight is None else weight,  # not read without a gain
             rstd,
             ds2,
             dx,
@@ -143,30 +162,33 @@ def _rms_norm_bwd(
             k,
             triton.cdiv(m, programs),
             HAS_DRESIDUAL=dsum is not None,
+            GAIN=gain,
             BLOCK=block,
             SINGLE_BLOCK=single,
             num_warps=warps,
         )
+    if weight is None:
+        return dx.view(x.shape), x.new_empty(0)
     return dx.view(x.shape), dw_partial.sum(0).to(weight.dtype)
 
 
 @_rms_norm_bwd.register_fake
-def _(dy, dsum, x, weight, rstd, k):
-    return torch.empty_like(x), torch.empty_like(weight)
+def _(dy, dsum, x, weight, rstd, k, gain):
+    return torch.empty_like(x), x.new_empty(0) if weight is None else torch.empty_like(weight)
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, weight, k, _eps, _cast = inputs
+    x, residual, weight, k, _eps, _cast, gain = inputs
     _y, total, rstd = output
     ctx.save_for_backward(total if residual is not None else x, weight, rstd)
-    ctx.k, ctx.has_residual = k, residual is not None
+    ctx.k, ctx.gain, ctx.has_residual = k, gain, residual is not None
 
 
 def _backward(ctx, dy, dsum, _drstd):
     normalized_input, weight, rstd = ctx.saved_tensors
     dsum = dsum if ctx.has_residual else None
-    dx, dw = _rms_norm_bwd(dy, dsum, normalized_input, weight, rstd, ctx.k)
-    return dx, (dx if ctx.has_residual else None), dw, None, None, None
+    dx, dw = _rms_norm_bwd(dy, dsum, normalized_input, weight, rstd, ctx.k, ctx.gain)
+    return dx, (dx if ctx.has_residual else None), (dw if weight is not None else None), None, None, None, None
 
 
 _rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -189,32 +211,40 @@ def _use_kernel(x: torch.Tensor) -> bool:
     return backend != "reference"
 
 
-def _validated_k(x: torch.Tensor, weight: torch.Tensor, k: int | None, eps: float) -> int:
+def _validated_k(x: torch.Tensor, weight: torch.Tensor | None, k: int | None, eps: float) -> int:
     dim = _check_input(x, eps)
-    if weight is None:
-        raise ValueError("the fused kernels need a weight of shape (D,); pass torch.ones(D) for none")
     _check_affine(weight, "weight", x, dim)
     return dim if k is None else _check_k(k, dim)
 
 
 def fused_rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, k: int | None = None, *, cast_before_weight: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float = 1e-6,
+    k: int | None = None,
+    *,
+    cast_before_weight: bool = False,
+    zero_centered: bool = False,
 ) -> torch.Tensor:
-    """RMSNorm (pRMSNorm when ``k`` < D) through the Triton kernel; numerics of ``norms.partial_rms_norm``."""
+    """RMSNorm (pRMSNorm when ``k`` < D) through the Triton kernel; numerics of ``norms.partial_rms_norm``.
+
+    ``weight=None`` applies no gain; ``zero_centered=True`` applies ``1 + weight``.
+    """
     k = _validated_k(x, weight, k, eps)
     if not _use_kernel(x):
-        return partial_rms_norm(x, weight, k, eps, cast_before_weight=cast_before_weight)
-    return _rms_norm_fwd(x, None, weight, k, eps, cast_before_weight)[0]
+        return partial_rms_norm(x, weight, k, eps, cast_before_weight=cast_before_weight, zero_centered=zero_centered)
+    return _rms_norm_fwd(x, None, weight, k, eps, cast_before_weight, _gain_code(weight, zero_centered))[0]
 
 
 def fused_add_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     eps: float = 1e-6,
     k: int | None = None,
     *,
     cast_before_weight: bool = False,
+    zero_centered: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(rms_norm(x + residual), x + residual)`` in one pass over memory."""
     k = _validated_k(x, weight, k, eps)
@@ -225,6 +255,9 @@ def fused_add_rms_norm(
         )
     if not _use_kernel(x):
         total = x + residual
-        return partial_rms_norm(total, weight, k, eps, cast_before_weight=cast_before_weight), total
-    y, total, _ = _rms_norm_fwd(x, residual, weight, k, eps, cast_before_weight)
+        normed = partial_rms_norm(
+            total, weight, k, eps, cast_before_weight=cast_before_weight, zero_centered=zero_centered
+        )
+        return normed, total
+    y, total, _ = _rms_norm_fwd(x, residual, weight, k, eps, cast_before_weight, _gain_code(weight, zero_centered))
     return y, total
