@@ -1,4 +1,4 @@
-"""Causal grouped-query self-attention with a key/value cache for generation."""
+"""Causal grouped-query self-attention with optional QK-norm and a key/value cache for generation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
+from model.norm_roles import norm_for
 from model.rope import apply_rope
 
 
@@ -26,14 +27,50 @@ class KVCache:
         return self.keys[:, :, :end], self.values[:, :, :end]
 
 
+@torch.no_grad()
+def attention_stats(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The largest pre-softmax logit and the mean attention entropy (nats) over allowed positions.
+
+    q is (batch, heads, seq, head_dim), k (batch, kv_heads, keys, head_dim), mask (seq, keys)
+    True where attending is allowed. The logit growth that Wortsman et al. (2023) show QK-norm
+    prevents is the first number; entropy collapse the second.
+    """
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    logits = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5
+    logits = logits.masked_fill(~mask, float("-inf"))
+    p = logits.softmax(dim=-1)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1)
+    return {"max_logit": logits.amax().item(), "entropy": entropy.mean().item()}
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         # q, k and v from one matmul (rows [q | k | v]): one launch instead of three.
         self.qkv_proj = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
+        self.qk_axis = cfg.qk_axis
+        if cfg.qk_norm is not None:
+            per_head = cfg.qk_axis == "head"
+            self.q_norm = norm_for(cfg, "q", cfg.head_dim if per_head else cfg.n_heads * cfg.head_dim)
+            self.k_norm = norm_for(cfg, "k", cfg.head_dim if per_head else cfg.n_kv_heads * cfg.head_dim)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
+        self.stats: dict[str, float] | None = None  # a probe sets a dict here to receive attention_stats
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return hasattr(self, "q_norm")
+
+    def _heads(self, t: torch.Tensor, heads: int, norm: nn.Module | None = None) -> torch.Tensor:
+        """(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim), QK-normed over the configured axis."""
+        batch, seq, _ = t.shape
+        if norm is not None and self.qk_axis == "all":
+            t = norm(t)
+        t = t.view(batch, seq, heads, self.head_dim)
+        if norm is not None and self.qk_axis == "head":
+            t = norm(t)
+        return t.transpose(1, 2)
 
     def forward(
         self,
@@ -44,9 +81,17 @@ class Attention(nn.Module):
         start_pos: int = 0,
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
-        qkv = self.qkv_proj(x).view(batch, seq, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
-        qk, v = qkv.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
-        q, k = apply_rope(qk, cos, sin).split([self.n_heads, self.n_kv_heads], dim=1)  # q and k in one pass
+        qkv = self.qkv_proj(x)
+        if self.has_qk_norm:  # q and k normalized (per head or over all heads), then rotated
+            q, k, v = qkv.split([self.n_heads * self.head_dim, *(2 * [self.n_kv_heads * self.head_dim])], dim=-1)
+            q = apply_rope(self._heads(q, self.n_heads, self.q_norm), cos, sin)
+            k = apply_rope(self._heads(k, self.n_kv_heads, self.k_norm), cos, sin)
+            v = self._heads(v, self.n_kv_heads)
+        else:
+            qk, v = self._heads(qkv, self.n_heads + 2 * self.n_kv_heads).split(
+                [self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1
+            )
+            q, k = apply_rope(qk, cos, sin).split([self.n_heads, self.n_kv_heads], dim=1)  # q and k in one pass
         if cache is not None:
             k, v = cache.update(k, v, start_pos)
 
@@ -54,6 +99,9 @@ class Attention(nn.Module):
         if start_pos > 0 and seq > 1:  # a chunk after cached tokens: causal within, full to the past
             mask = torch.ones(seq, start_pos + seq, dtype=torch.bool, device=x.device).tril(start_pos)
             is_causal = False
+        if self.stats is not None:
+            allowed = torch.ones(seq, start_pos + seq, dtype=torch.bool, device=x.device).tril(start_pos)
+            self.stats.update(attention_stats(q, k, allowed))
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
         out = F.scaled_dot_product_attention(
             q,

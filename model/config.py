@@ -20,6 +20,10 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm: str = "rmsnorm"
     norm_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
+    placement: str = "pre"  # pre | post | peri | reordered (model/blocks.py)
+    qk_norm: Optional[str] = None  # noqa: UP045  # a norm type on q and k before RoPE, or None
+    qk_axis: str = "head"  # head: over each head's features (Qwen3); all: over all heads at once (OLMo 2)
+    norm_role_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # noqa: UP006  # role -> options
     tie_embeddings: bool = True
     dropout: float = 0.0
     init_std: float = 0.02

@@ -1,8 +1,9 @@
 """A LLaMA-style decoder whose every norm comes from ``norms.build_norm``.
 
-Pre-norm blocks, RoPE, grouped-query attention, SwiGLU, no biases in linear layers. Norm
-instances have stable names (``layers.3.attn_norm``, ``layers.3.mlp_norm``, ``final_norm``)
-that telemetry hooks by.
+RoPE, grouped-query attention (optionally with QK-norm), SwiGLU, no biases in linear layers;
+the norms' placement is a block variant (model/blocks.py). Norm instances have stable names
+(``layers.3.attn_norm``, ``layers.3.attn_out_norm``, ``layers.3.attn.q_norm``, ``final_norm``)
+that telemetry finds by type and reports under.
 """
 
 from __future__ import annotations
@@ -10,51 +11,26 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from model.attention import Attention, KVCache
+from model.attention import KVCache
+from model.blocks import block_class
 from model.config import ModelConfig
 from model.loss import fused_linear_cross_entropy
+from model.norm_roles import check_role_options, norm_for
 from model.rope import rope_tables
-from norms import build_norm
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        # gate and up projections in one matmul: rows [gate | up].
-        self.gate_up_proj = nn.Linear(cfg.d_model, 2 * cfg.hidden_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.attn_norm = build_norm(cfg.norm, cfg.d_model, **cfg.norm_options)
-        self.attn = Attention(cfg)
-        self.mlp_norm = build_norm(cfg.norm, cfg.d_model, **cfg.norm_options)
-        self.mlp = SwiGLU(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
-        attn_out = self.dropout(self.attn(self.attn_norm(x), cos, sin, cache, start_pos))
-        # h = x + attn_out and its normalization, in one pass when the norm is fused.
-        mlp_in, h = self.mlp_norm(attn_out, residual=x)
-        return h + self.dropout(self.mlp(mlp_in))
+from norms import Norm
 
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        check_role_options(cfg)
+        block = block_class(cfg.placement)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = build_norm(cfg.norm, cfg.d_model, **cfg.norm_options)
+        self.layers = nn.ModuleList(block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = norm_for(cfg, "final", cfg.d_model) if block.has_final_norm else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
@@ -75,10 +51,9 @@ class Transformer(nn.Module):
                 is_output = name.endswith(("o_proj", "down_proj"))
                 nn.init.normal_(module.weight, mean=0.0, std=out_std if is_output else self.cfg.init_std)
 
-    def norm_modules(self) -> dict[str, nn.Module]:
-        """Every norm instance by its stable dotted name, in the order the residual stream meets them."""
-        names = [f"layers.{i}.{which}" for i in range(self.cfg.n_layers) for which in ("attn_norm", "mlp_norm")]
-        return {name: self.get_submodule(name) for name in [*names, "final_norm"]}
+    def norm_modules(self) -> dict[str, Norm]:
+        """Every norm instance by its stable dotted name, in the order the forward pass meets them."""
+        return {name: module for name, module in self.named_modules() if isinstance(module, Norm)}
 
     def forward(
         self,
@@ -100,7 +75,8 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if caches is None else caches[i], start_pos)
-        x = self.final_norm(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
         if targets is not None:
             return fused_linear_cross_entropy(x, self.lm_head.weight, targets)
         return self.lm_head(x)

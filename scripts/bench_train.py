@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from model import ModelConfig, Transformer
-from model.hf import hf_llama_config, hf_llama_state_dict
+from model.hf import hf_config, hf_state_dict
 from training.runtime import autocast_context, resolve_device
 from training.throughput import peak_flops
 
@@ -38,10 +38,10 @@ def load_preset(name: str, vocab_size: int) -> ModelConfig:
 def hf_model(cfg: ModelConfig, ours: Transformer):
     import transformers
 
-    hf_cfg = transformers.LlamaConfig(**hf_llama_config(cfg))
+    hf_cfg = transformers.LlamaConfig(**hf_config(ours))
     hf_cfg._attn_implementation = "sdpa"
     model = transformers.LlamaForCausalLM(hf_cfg)
-    model.load_state_dict(hf_llama_state_dict(ours.state_dict(), cfg), strict=False)
+    model.load_state_dict(hf_state_dict(ours), strict=False)
     return model
 
 

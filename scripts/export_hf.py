@@ -1,12 +1,14 @@
-"""Export a trained checkpoint as a Hugging Face ``LlamaForCausalLM`` folder.
+"""Export a trained checkpoint as a Hugging Face model folder (Llama, Qwen3 or OLMo 2).
 
     python scripts/export_hf.py runs/small-rmsnorm-s0 exported/
     python -c "from transformers import AutoModelForCausalLM, AutoTokenizer; \
                m = AutoModelForCausalLM.from_pretrained('exported'); t = AutoTokenizer.from_pretrained('exported')"
 
-Only rmsnorm and fused_rmsnorm (full, not partial) models have a Llama equivalent. Our default
-RMSNorm rounds once after the gain; Llama rounds before it, so half-precision outputs can differ
-in the last bit (float32 is identical).
+The variant picks the class (model/hf.py): pre-norm RMSNorm -> LlamaForCausalLM; with per-head
+QK-norm -> Qwen3ForCausalLM; reordered with QK-norm over all heads -> Olmo2ForCausalLM. Any
+other variant is refused before anything is written, naming what has no equivalent. Our default
+RMSNorm rounds once after the gain; Hugging Face rounds before it, so half-precision outputs can
+differ in the last bit (float32 is identical).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from model import ModelConfig
-from model.hf import hf_llama_config, hf_llama_state_dict
+from model import ModelConfig, Transformer
+from model.hf import hf_config, hf_state_dict
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.tokenizer import EOS
 
@@ -26,13 +28,14 @@ def export(checkpoint: Path, out_dir: Path) -> Path:
     from safetensors.torch import save_file
 
     state = load_checkpoint(checkpoint)
-    cfg = ModelConfig(**state["model_config"])
-    config = hf_llama_config(cfg)  # raises for norms Llama lacks, before anything is written
+    model = Transformer(ModelConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    config = hf_config(model)  # raises for variants Hugging Face lacks, before anything is written
     tokenizer = state.get("tokenizer")
     if tokenizer and EOS in tokenizer:
         config["eos_token_id"] = config["bos_token_id"] = json.loads(tokenizer)["added_tokens"][0]["id"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(hf_llama_state_dict(state["model"], cfg), out_dir / "model.safetensors", metadata={"format": "pt"})
+    save_file(hf_state_dict(model), out_dir / "model.safetensors", metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if tokenizer:
         (out_dir / "tokenizer.json").write_text(tokenizer)
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError) as err:
         print(f"export_hf: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {out}: load it with transformers.LlamaForCausalLM.from_pretrained({str(out)!r})")
+    print(f"wrote {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 
 

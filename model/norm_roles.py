@@ -1,0 +1,43 @@
+"""Which norm each place in the model gets: its type, options and role.
+
+Every norm instance has a role: ``attn_in`` and ``mlp_in`` (before a branch), ``attn_out``
+and ``mlp_out`` (after a branch), ``final`` (before the LM head), ``q`` and ``k`` (QK-norm,
+inside attention). The stream's norms take ``cfg.norm`` with ``cfg.norm_options``; q and k
+take ``cfg.qk_norm``, with the stream's options only when it is the same type. Options set
+for one role (``cfg.norm_role_options[role]``) override both, e.g. DyT's initial alpha of
+0.8 for ``attn_in`` and 0.2 elsewhere (the DyT paper's LLaMA 7B setup).
+"""
+
+from __future__ import annotations
+
+from model.config import ModelConfig
+from norms import Norm, build_norm
+
+ROLES = ("attn_in", "mlp_in", "attn_out", "mlp_out", "final", "q", "k")
+QK_AXES = ("head", "all")
+
+
+def check_role_options(cfg: ModelConfig) -> None:
+    unknown = sorted(set(cfg.norm_role_options) - set(ROLES))
+    if unknown:
+        raise ValueError(f"norm.roles has unknown role(s) {', '.join(unknown)}; the roles are: {', '.join(ROLES)}")
+    if cfg.qk_axis not in QK_AXES:
+        raise ValueError(f"norm.qk_axis must be one of {', '.join(QK_AXES)}, got {cfg.qk_axis!r}")
+
+
+def norm_for(cfg: ModelConfig, role: str, dim: int) -> Norm:
+    """The norm of ``role`` over ``dim`` features, tagged with its role."""
+    qk = role in ("q", "k")
+    name = cfg.qk_norm if qk else cfg.norm
+    options = dict(cfg.norm_options) if name == cfg.norm else {}
+    options.update(cfg.norm_role_options.get(role, {}))
+    try:
+        norm = build_norm(name, dim, **options)
+    except ValueError as err:
+        where = f"the {role} norm (norm.qk={name}, {dim} features per {cfg.qk_axis})" if qk else f"the {role} norm"
+        raise ValueError(
+            f"{where}: {err}. Set an option for this role alone with norm.roles.{role}.<option>=..."
+            + (", or choose another norm.qk" if qk else "")
+        ) from None
+    norm.role = role
+    return norm
