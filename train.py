@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from model import ModelConfig, Transformer
-from norms.fused import kernel_backend
 from training.checkpoint import (
     CheckpointError,
     check_same_model,
@@ -80,11 +79,30 @@ def plan_batches(train_cfg, seq_len: int, world_size: int) -> tuple[int, int]:
 def build_model_config(cfg: DictConfig, vocab_size: int) -> ModelConfig:
     shape = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "name"}
     shape["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
-    return ModelConfig(**shape, norm=cfg.norm.name, norm_options=OmegaConf.to_object(cfg.norm).options())
+    norm = OmegaConf.to_object(cfg.norm)
+    return ModelConfig(
+        **shape,
+        norm=norm.name,
+        norm_options=norm.options(),
+        placement=norm.placement,
+        qk_norm=norm.qk,
+        qk_axis=norm.qk_axis,
+        norm_role_options=norm.role_options(),
+    )
 
 
-def norm_backend(norm_name: str, device: torch.device) -> str:
-    return kernel_backend(device) if norm_name == "fused_rmsnorm" else "pytorch"
+def check_model_config(cfg: DictConfig) -> None:
+    """Build the configured model on the meta device (no memory, no data): a bad norm choice fails here, first."""
+    try:
+        with torch.device("meta"):
+            Transformer(build_model_config(cfg, cfg.data.vocab_size))
+    except ValueError as err:
+        raise ConfigError(f"model/norm config: {err}") from err
+
+
+def norm_backends(model: Transformer, device: torch.device) -> dict[str, str]:
+    """The implementation that runs each role's norms, e.g. {"attn_in": "pytorch", "q": "triton"}."""
+    return {norm.role: norm.backend(device) for norm in model.norm_modules().values()}
 
 
 def resume(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data, cfg: DictConfig, dist: Distributed):
@@ -133,7 +151,7 @@ def open_sinks(cfg: DictConfig, run_dir: Path, run_config: dict, data, resume: d
         append_resume(run_dir, resume, run_config["runtime"])
     sinks = [MetricsFile(run_dir / "metrics.jsonl", resume_step=None if resume is None else resume["step"])]
     if cfg.logger.name == "wandb":
-        group = cfg.logger.group or f"{cfg.model.name}-{cfg.norm.name}"
+        group = cfg.logger.group or f"{cfg.model.name}-{cfg.variant}"
         sinks.append(WandbSink(cfg.logger, run_dir, cfg.run_name, group, run_config))
     return Sinks(sinks)
 
@@ -173,6 +191,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     if seq_len > cfg.model.max_seq_len:
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = plan_batches(tcfg, seq_len, dist.world_size)
+    check_model_config(cfg)
     resume_entry = check_run_identity(cfg, run_dir, precision, global_batch * seq_len)
 
     # Data: each node's first process fills the caches (tokenizer, token arrays); the others then read them.
@@ -203,7 +222,8 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     flops_per_token = model.flops_per_token(seq_len)
     meter = ThroughputMeter(flops_per_token, peak * dist.world_size, tcfg.perf_warmup_steps)
     runtime = {
-        "norm_backend": norm_backend(cfg.norm.name, device),
+        "norm_backend": norm_backends(model, device),
+        "norm_roles": {name: norm.role for name, norm in model.norm_modules().items()},
         "device": str(device),
         "precision": precision,
         "world_size": dist.world_size,
@@ -226,8 +246,8 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d)%s",
             cfg.run_name,
             f"{runtime['params']:,}",
-            cfg.norm.name,
-            runtime["norm_backend"],
+            cfg.variant,
+            ", ".join(sorted(set(runtime["norm_backend"].values()))) or "no norms",
             precision,
             device,
             dist.world_size,
@@ -300,7 +320,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             )
             continue
 
-        stats_step = done % tcfg.stats_every == 0
+        stats_step = done % tcfg.stats_every == 0 or done == tcfg.max_steps
         metrics = {"step": done}
         if stats_step:
             metrics.update(layer_grad_norms(model))

@@ -36,8 +36,8 @@ def norm_for(cfg: ModelConfig, role: str, dim: int) -> Norm:
     except ValueError as err:
         where = f"the {role} norm (norm.qk={name}, {dim} features per {cfg.qk_axis})" if qk else f"the {role} norm"
         raise ValueError(
-            f"{where}: {err}. Set an option for this role alone with norm.roles.{role}.<option>=..."
-            + (", or choose another norm.qk" if qk else "")
+            f"{where}: {err}. (norm.<option> sets an option for every norm of the residual stream, "
+            f"norm.roles.{role}.<option> for this role alone{'; or choose another norm.qk' if qk else ''}.)"
         ) from None
     norm.role = role
     return norm

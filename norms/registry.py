@@ -43,7 +43,7 @@ def build_norm(name: str, dim: int, **options) -> Norm:
     if unknown:
         raise ValueError(
             f"norm {name!r} does not take option(s) {', '.join(unknown)}; "
-            f"its options are: {', '.join(norm_options(name))}"
+            + (f"its options are: {', '.join(norm_options(name))}" if norm_options(name) else "it takes no options")
         )
     try:
         return cls(dim, **options)

@@ -7,8 +7,10 @@ Each result is a time and an effective bandwidth: bytes moved / time, counting x
 the weight once each (forward: x, y; backward: x, dy, dx; plus the weight and its gradient).
 A plain device copy (read x, write y) measured in the same run is the bandwidth ceiling, and
 every result is also printed as a fraction of it. Rows are sized so each tensor is far larger
-than the caches. Implementations that cannot run here (the fused kernel and Liger need CUDA;
-Liger must be installed) are listed as skipped, with the reason.
+than the caches. Every registered norm is timed as the model runs it (eager, and under
+``torch.compile``), next to torch's own norms; a norm whose backend here is the Triton
+interpreter (it would time Python, not the kernel) and Liger (needs CUDA and liger-kernel) are
+listed as skipped, with the reason. ``identity`` moves no memory: its time is the call overhead.
 
 Output: a table on stdout, results.json and bandwidth.png in --out.
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 from plots import pyplot, save
 
-from norms import FusedRMSNorm, LayerNorm, PartialRMSNorm, RMSNorm
+from norms import NORM_NAMES, build_norm
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
@@ -65,34 +67,33 @@ def _liger_rmsnorm(dim: int, k: int) -> torch.nn.Module:
     return LigerRMSNorm(dim, eps=1e-6)
 
 
-# name -> module builder (dim, k). "ref_" are our reference ops, eager (through their modules);
-# "compiled_" are the same modules under torch.compile.
-IMPLEMENTATIONS: dict[str, Callable[[int, int], torch.nn.Module]] = {
-    "ref_rmsnorm": lambda dim, k: RMSNorm(dim),
-    "ref_prmsnorm": lambda dim, k: PartialRMSNorm(dim, k=k),
-    "ref_layernorm": lambda dim, k: LayerNorm(dim),
-    "compiled_rmsnorm": lambda dim, k: RMSNorm(dim),
-    "compiled_prmsnorm": lambda dim, k: PartialRMSNorm(dim, k=k),
-    "compiled_layernorm": lambda dim, k: LayerNorm(dim),
-    "torch_rmsnorm": lambda dim, k: torch.nn.RMSNorm(dim, eps=1e-6),
-    "torch_layernorm": lambda dim, k: torch.nn.LayerNorm(dim),
-    "fused_rmsnorm": lambda dim, k: FusedRMSNorm(dim),
-    "fused_prmsnorm": lambda dim, k: FusedRMSNorm(dim, k=k),
-    "liger_rmsnorm": _liger_rmsnorm,
+# name -> module builder (dim). Every registered norm with its default options, eager as the
+# model runs it, and the same module under torch.compile ("compiled_"); then torch's own norms.
+IMPLEMENTATIONS: dict[str, Callable[[int], torch.nn.Module]] = {
+    **{name: functools.partial(build_norm, name) for name in NORM_NAMES},
+    **{f"compiled_{name}": functools.partial(build_norm, name) for name in NORM_NAMES},
+    "torch_rmsnorm": lambda dim: torch.nn.RMSNorm(dim, eps=1e-6),
+    "torch_layernorm": lambda dim: torch.nn.LayerNorm(dim),
+    "liger_rmsnorm": lambda dim: _liger_rmsnorm(dim, dim),
 }
 
 
 def unavailable(name: str, device: torch.device) -> str | None:
     """Why an implementation cannot run here, or None."""
-    if name.startswith(("fused_", "liger_")) and device.type != "cuda":
-        return "needs CUDA (under the Triton interpreter it would time Python, not the kernel)"
-    if name.startswith("liger_") and importlib.util.find_spec("liger_kernel") is None:
-        return "liger-kernel is not installed (pip install liger-kernel)"
+    if name.startswith("liger_"):
+        if device.type != "cuda":
+            return "needs CUDA"
+        if importlib.util.find_spec("liger_kernel") is None:
+            return "liger-kernel is not installed (pip install liger-kernel)"
+        return None
+    backend = getattr(IMPLEMENTATIONS[name](8), "backend", lambda device: "pytorch")(device)
+    if backend not in ("pytorch", "triton"):
+        return f"its backend here is {backend}: the kernel needs CUDA (the interpreter would time Python, not it)"
     return None
 
 
 def build(name: str, dim: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    module = IMPLEMENTATIONS[name](dim, max(1, dim // 16)).to(device, dtype)
+    module = IMPLEMENTATIONS[name](dim).to(device, dtype)
     if not name.startswith("compiled_"):
         return module
     # Fresh compile caches: stale entries from earlier sizes would hit the recompile limit and

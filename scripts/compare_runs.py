@@ -1,11 +1,11 @@
-"""Compare training runs without wandb: plots and a Markdown summary, grouped by norm.
+"""Compare training runs without wandb: plots and a Markdown summary, grouped by norm variant.
 
     python scripts/compare_runs.py runs/sweep-2026-11-30_10-00-00 --out comparison/
     python scripts/compare_runs.py 'runs/small-*' --group-by model.name --baseline small
 
 Inputs are run directories, folders holding runs (a multirun sweep), or globs. Each run's
-config.yaml and metrics.jsonl are read; runs are grouped by a config key (norm.name by
-default) and seeds are pooled: curves show the mean over a group's runs with a band of one
+config.yaml and metrics.jsonl are read; runs are grouped by a config key (the norm variant,
+e.g. ``rmsnorm-peri-qk``, by default) and seeds are pooled: curves show the mean over a group's runs with a band of one
 standard deviation. The summary compares each group's final validation metric with the
 baseline group's, with Welch's t-test when both have at least two runs.
 
@@ -63,7 +63,9 @@ def load_run(path: Path) -> Run:
         raise RunsError(f"run {path} has no metrics (metrics.jsonl is missing or empty); did its training start?")
     tokenizer = path / "tokenizer.json"
     digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest() if tokenizer.exists() else "unknown"
-    return Run(path, yaml.safe_load((path / "config.yaml").read_text()), [json.loads(x) for x in lines], digest)
+    config = yaml.safe_load((path / "config.yaml").read_text())
+    config.setdefault("variant", config["norm"]["name"])  # runs from before placements: the norm was the variant
+    return Run(path, config, [json.loads(x) for x in lines], digest)
 
 
 def find_runs(inputs: list[str]) -> list[Run]:
@@ -274,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", help="run directories, sweep directories or globs")
     parser.add_argument("--out", type=Path, default=Path("comparison"))
-    parser.add_argument("--group-by", default="norm.name", help="a dotted config key (default: norm.name)")
+    parser.add_argument(
+        "--group-by", default="variant", help="a dotted config key (default: variant, e.g. rmsnorm-peri-qk)"
+    )
     parser.add_argument("--metric", default="val/loss", help="final metric to compare (val/loss or val/bpb)")
     parser.add_argument("--baseline", default=None, help="group to compare against (default: rmsnorm if present)")
     args = parser.parse_args(argv)

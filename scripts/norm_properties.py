@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,27 +30,37 @@ from plots import pyplot, save
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench_norms import measure
-from norms import build_norm, layer_norm, partial_rms_norm, rms_norm
+from norms import NORM_NAMES, build_norm, norm_class, norm_options, partial_rms_norm, rms_norm
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-P = 0.0625  # the paper's pRMSNorm fraction
 
 
-def reference_ops(k: int) -> dict[str, Callable]:
-    """name -> f(x, eps), each norm without a gain (the gain does not change these properties)."""
-    return {
-        "layernorm": lambda x, eps=1e-5: layer_norm(x, eps=eps),
-        "rmsnorm": lambda x, eps=1e-6: rms_norm(x, eps=eps),
-        f"prmsnorm (k={k})": lambda x, eps=1e-6: partial_rms_norm(x, None, k, eps=eps),
-    }
+def registered_norms(dim: int) -> dict[str, Callable]:
+    """name -> f(x, eps=None) for every registered norm at its initial parameters (gains of one:
+    the gain does not change these properties), in float64; eps is passed to norms that take one."""
+
+    def op(name):
+        def f(x, eps=None):
+            options = {"eps": eps} if eps is not None and "eps" in norm_options(name) else {}
+            with torch.no_grad():
+                return build_norm(name, dim, **options).double()(x)
+
+        return f
+
+    return {name: op(name) for name in NORM_NAMES}
+
+
+def _default_eps(name: str) -> float:
+    parameter = inspect.signature(norm_class(name).__init__).parameters.get("eps")
+    return parameter.default if parameter is not None else 1.0
 
 
 def invariances(dim: int = 64, rows: int = 256, scale: float = 10.0, shift: float = 3.0) -> dict[str, dict]:
     torch.manual_seed(0)
     x = torch.randn(rows, dim, dtype=torch.float64)
     table = {}
-    for name, f in reference_ops(max(1, round(P * dim))).items():
-        eps = 1e-5 if name == "layernorm" else 1e-6
+    for name, f in registered_norms(dim).items():
+        eps = _default_eps(name)
         table[name] = {
             f"scale x{scale:g}, fixed eps": (f(scale * x) - f(x)).abs().max().item(),
             f"scale x{scale:g}, eps x{scale**2:g}": (f(scale * x, eps * scale**2) - f(x, eps)).abs().max().item(),
@@ -78,7 +89,7 @@ def offset_experiment(dim: int = 64, rows: int = 256) -> tuple[list[float], dict
     x = torch.randn(rows, dim, dtype=torch.float64)
     offsets = [c / 2 for c in range(-20, 21)]
     curves = {}
-    for name, f in reference_ops(max(1, round(P * dim))).items():
+    for name, f in registered_norms(dim).items():
         outputs = [f(x + c) for c in offsets]
         curves[name] = {
             "mean": [y.mean().item() for y in outputs],
@@ -104,15 +115,18 @@ def _forward_backward(norm: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor) 
 
 
 def costs(model_name: str, rows: int) -> list[dict]:
-    """Per norm: parameters, eager aten ops per call, and measured time at the model's width."""
+    """Per norm: parameters, eager aten ops per call, and measured time at the model's width.
+
+    Parameters in the model count the pre-norm placement's 2 * n_layers + 1 norms.
+    """
     preset = yaml.safe_load((CONFIGS / "model" / f"{model_name}.yaml").read_text())
     dim, instances = preset["d_model"], 2 * preset["n_layers"] + 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
-    for name, options in (("layernorm", {}), ("rmsnorm", {}), ("prmsnorm", {"p": P}), ("fused_rmsnorm", {})):
-        if name == "fused_rmsnorm" and device.type != "cuda":
-            continue  # the interpreter's timing would be Python's, not the kernel's
-        norm = build_norm(name, dim, **options).to(device)
+    for name in NORM_NAMES:
+        norm = build_norm(name, dim).to(device)
+        if norm.backend(device) not in ("pytorch", "triton"):
+            continue  # the Triton interpreter's timing would be Python's, not the kernel's
         x = torch.randn(rows, dim, device=device, requires_grad=True)
         dy = torch.randn(rows, dim, device=device)
         counter = _OpCounter()

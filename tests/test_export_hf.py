@@ -1,5 +1,6 @@
 """scripts/export_hf.py on real checkpoints: transformers loads the folder and agrees with us."""
 
+import re
 import subprocess
 import sys
 
@@ -28,16 +29,25 @@ def _export(run_dir, out_dir):
     )
 
 
-@pytest.mark.parametrize("norm", ["rmsnorm", "fused_rmsnorm"])
-def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, cache_dir, norm):
-    run_tiny(tmp_path / "run", cache_dir, 2, f"norm={norm}")
+VARIANTS = {
+    "llama": ("norm=rmsnorm",),
+    "llama from fused_rmsnorm": ("norm=fused_rmsnorm",),
+    "qwen3": ("norm=rmsnorm", "norm.qk=rmsnorm"),
+    "olmo2": ("norm=rmsnorm", "norm.placement=reordered", "norm.qk=rmsnorm", "norm.qk_axis=all"),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, cache_dir, variant):
+    run_tiny(tmp_path / "run", cache_dir, 2, *VARIANTS[variant])
     result = _export(tmp_path / "run", tmp_path / "hf")
     assert result.returncode == 0, result.stderr
 
     state = load_checkpoint(tmp_path / "run")
     ours = Transformer(ModelConfig(**{**state["model_config"], "norm": "rmsnorm"})).eval()
     ours.load_state_dict(state["model"])
-    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs).__name__.lower().startswith(variant.split()[0])
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     ids = torch.tensor([tokenizer("In the beginning God created the heaven")["input_ids"]])
     with torch.no_grad():
@@ -45,9 +55,16 @@ def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, ca
     assert tokenizer.decode(ids[0]) == "In the beginning God created the heaven"
 
 
-def test_export_of_a_layernorm_checkpoint_stops_with_the_reason(tmp_path, cache_dir):
-    run_tiny(tmp_path / "run", cache_dir, 2, "norm=layernorm")
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        (("norm=layernorm",), "LayerNorm.*no equivalent in Hugging Face's Llama, Qwen3 or OLMo 2"),
+        (("norm.placement=peri",), "placement 'peri' with QK-norm none has no Hugging Face equivalent"),
+    ],
+)
+def test_export_of_a_variant_without_a_twin_stops_with_the_reason(tmp_path, cache_dir, overrides, reason):
+    run_tiny(tmp_path / "run", cache_dir, 2, *overrides)
     result = _export(tmp_path / "run", tmp_path / "hf")
     assert result.returncode == 1
-    assert "'layernorm'" in result.stderr and "no Llama equivalent" in result.stderr
-    assert not (tmp_path / "hf").exists()
+    assert re.search(reason, result.stderr), result.stderr
+    assert not (tmp_path / "hf").exists()  # refused before anything was written

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from tiny_runs import ROOT, read_metrics, run_tiny, tiny_overrides
+from hydra import compose, initialize_config_dir
+from tiny_runs import CONFIG_DIR, ROOT, read_metrics, run_tiny, tiny_overrides
 
 import eval as eval_script
 from training.checkpoint import CheckpointError, UnsafeCheckpointError, list_checkpoints, load_checkpoint
@@ -185,8 +186,19 @@ def test_a_checkpoint_that_would_run_code_is_refused_everywhere(tmp_path):
     assert not marker.exists()
 
 
-def test_a_checkpoint_in_the_previous_format_resumes_exactly(tmp_path, cache_dir):
-    """Before safe loading, checkpoints held NumPy's RNG state as an array and config.yaml had no new keys."""
+def _as_before_the_design_space(config):
+    """A run config as the code before placements, QK-norm, gains and per-role options wrote it."""
+    config.pop("resume_with_changes")
+    config.pop("variant")
+    for key in ("placement", "qk", "qk_axis", "roles", "gain", "alpha_init", "shift_init"):
+        config["norm"].pop(key)
+    config["runtime"]["norm_backend"] = "pytorch"
+    config["runtime"].pop("norm_roles")
+    config["runtime"]["resumed_from"] = None
+
+
+def test_a_checkpoint_in_the_previous_format_resumes_and_evaluates_exactly(tmp_path, cache_dir):
+    """Before this round, checkpoints held NumPy's RNG state as an array and knew no design-space keys."""
     reference, old = tmp_path / "reference", tmp_path / "old"
     run_tiny(reference, cache_dir, 4)
     run_tiny(old, cache_dir, 4)
@@ -200,15 +212,27 @@ def test_a_checkpoint_in_the_previous_format_resumes_exactly(tmp_path, cache_dir
         numpy_state["has_gauss"],
         numpy_state["cached_gaussian"],
     )
-    state["config"].pop("resume_with_changes")
+    _as_before_the_design_space(state["config"])
+    for key in ("placement", "qk_norm", "qk_axis", "norm_role_options"):
+        state["model_config"].pop(key)
     torch.save(state, old / "checkpoints" / "step_0000002.pt")
     os.remove(old / "checkpoints" / "step_0000004.pt")
     record = yaml.safe_load((old / "config.yaml").read_text())
-    record.pop("resume_with_changes")
-    record["runtime"]["resumed_from"] = None
+    _as_before_the_design_space(record)
     (old / "config.yaml").write_text(yaml.safe_dump(record))
+
+    evaluated = eval_script.evaluate_checkpoint(
+        eval_script_config(), old / "checkpoints" / "step_0000002.pt", torch.device("cpu")
+    )
+    reference_step_2 = {r["step"]: r for r in read_metrics(reference)}[2]
+    assert evaluated["val/loss"] == pytest.approx(reference_step_2["val/loss"], rel=1e-6)
 
     run_tiny(old, cache_dir, 4)
     assert yaml.safe_load((old / "config.yaml").read_text())["resumes"][0]["step"] == 2
     losses = [{r["step"]: r["train/loss"] for r in read_metrics(run)} for run in (reference, old)]
     assert losses[0] == losses[1]
+
+
+def eval_script_config():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("eval", overrides=["checkpoint=unused", "logger=none", "num_samples=1", "max_new_tokens=2"])

@@ -16,6 +16,7 @@ from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrid
 import model.transformer as transformer_module
 import train as train_script
 from norms import NORM_NAMES
+from training.checkpoint import load_checkpoint
 from training.config import RUN_NAME_KEYS
 from training.optim import build_optimizer, lr_at
 from training.run_record import overrides_tag
@@ -49,15 +50,23 @@ def test_smoke_run_logs_every_key_group(norm, tmp_path, cache_dir):
         "act/layers.0.attn_norm/in_rms",
         "act/layers.1.mlp_norm/in_kurtosis",
         "act/final_norm/out_rms",
-        "act/final_norm/gain_std",
+        "act/layers.1/stream_rms",
+        "attn/layers.0/max_logit",
     ):
         assert key in keys, key
+    assert ("act/final_norm/gain_std" in keys) == (norm != "identity")  # identity has no gain
     assert all(math.isfinite(r["train/loss"]) for r in rows)
     assert rows[-1]["val/ppl"] == pytest.approx(math.exp(rows[-1]["val/loss"]))
 
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     expected_backend = "triton-interpreter" if norm == "fused_rmsnorm" else "pytorch"
-    assert saved["norm"]["name"] == norm and saved["runtime"]["norm_backend"] == expected_backend
+    assert saved["norm"]["name"] == norm
+    assert saved["runtime"]["norm_backend"] == {
+        "attn_in": expected_backend,
+        "mlp_in": expected_backend,
+        "final": expected_backend,
+    }
+    assert saved["runtime"]["norm_roles"]["layers.1.mlp_norm"] == "mlp_in"
     assert (tmp_path / "tokenizer.json").is_file()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000002.pt", "step_0000004.pt"]
 
@@ -138,13 +147,74 @@ def test_wandb_disabled_writes_no_wandb_files(tmp_path, cache_dir):
     assert len(read_metrics(tmp_path)) == 2
 
 
-def test_multirun_sweeps_every_norm(tmp_path, cache_dir):
+DESIGN_VARIANTS = {
+    "post-norm LayerNorm": ("norm=layernorm", "norm.placement=post"),
+    "peri-norm": ("norm.placement=peri",),
+    "OLMo 2": ("norm.placement=reordered", "norm.qk=rmsnorm", "norm.qk_axis=all"),
+    "Qwen3 QK-norm": ("norm.qk=rmsnorm",),
+    "DyT per role": ("norm=dyt", "norm.alpha_init=0.2", "norm.roles.attn_in.alpha_init=0.8"),
+    "DyT stream, RMSNorm on q/k": ("norm=dyt", "norm.qk=rmsnorm"),
+    "zero-centred gain, fused": ("norm=fused_rmsnorm", "norm.gain=one_plus", "norm.placement=peri"),
+    "no gain": ("norm.gain=none",),
+}
+
+
+@pytest.mark.parametrize("variant", DESIGN_VARIANTS)
+def test_design_space_variants_train_through_train_py(variant, tmp_path, cache_dir):
+    run_tiny(tmp_path, cache_dir, 3, "train.stats_every=50", *DESIGN_VARIANTS[variant])
+    rows = read_metrics(tmp_path)
+    assert all(math.isfinite(r["train/loss"]) for r in rows)
+    last = rows[-1]
+    # Statistics are taken at the last step even when the run is shorter than stats_every.
+    assert last["step"] == 3 and "attn/layers.1/max_logit" in last and "act/layers.1/stream_rms" in last
+    assert any(k.endswith("/in_feature_kurtosis") for k in last)
+    record = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert set(record["runtime"]["norm_roles"]) == {k.split("/")[1] for k in last if k.endswith("/in_rms")}
+
+
+def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
+    run_tiny(tmp_path, cache_dir, 2, *DESIGN_VARIANTS["DyT per role"])
+    last = read_metrics(tmp_path)[-1]
+    assert 0.0 <= last["act/layers.0.attn_norm/saturated"] <= 1.0
+    state = load_checkpoint(tmp_path)
+    assert state["model_config"]["norm_role_options"] == {"attn_in": {"alpha_init": 0.8}}
+    assert state["model"]["layers.0.attn_norm.alpha"].item() == pytest.approx(0.8, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("norm.placement=sandwich", "choose one of: pre, post, peri, reordered"),
+        ("norm.qk=batchnorm", "unknown norm 'batchnorm'"),
+        ("norm.alpha_init=0.5", "'rmsnorm' does not take option\\(s\\) alpha_init"),
+        ("norm.gain=unit", "gain must be one of standard, one_plus, none"),
+    ],
+)
+def test_bad_design_choices_fail_before_the_data_is_loaded(override, message, tmp_path, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was loaded before the config was checked")
+
+    monkeypatch.setattr(train_script, "build_data", no_data)
+    with pytest.raises(train_script.ConfigError, match=message):
+        run_tiny(tmp_path, str(tmp_path / "cache"), 1, override)
+    assert not (tmp_path / "config.yaml").exists()
+
+
+def test_misspelled_role_or_role_option_is_rejected_at_composition():
+    with pytest.raises((ConfigCompositionException, ConfigAttributeError)):
+        compose_config("norm.roles.attention.eps=1e-5")
+    with pytest.raises((ConfigCompositionException, ConfigAttributeError)):
+        compose_config("norm=dyt", "norm.roles.attn_in.alpha=0.8")
+
+
+def test_multirun_sweeps_norms_and_placements(tmp_path, cache_dir):
     result = subprocess.run(
         [
             sys.executable,
             "train.py",
             "-m",
-            "norm=" + ",".join(NORM_NAMES),
+            "norm=rmsnorm,layernorm,dyt",
+            "norm.placement=pre,peri,post",
             *tiny_overrides(cache_dir, 2),
             f"hydra.sweep.dir={tmp_path}",
         ],
@@ -155,10 +225,15 @@ def test_multirun_sweeps_every_norm(tmp_path, cache_dir):
         env={**os.environ, "TRITON_INTERPRET": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = sorted(p.name for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists())
-    # The tiny model's shorter schedule and batch are in the hash; the norm is in the readable name.
+    runs = {p.name for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists()}
+    # The tiny model's shorter schedule and batch are in the hash; the variant is in the readable name.
     tag = overrides_tag(tiny_overrides(cache_dir, 2), RUN_NAME_KEYS)
-    assert tag and runs == [f"{i}-tiny-{norm}-s0{tag}" for i, norm in enumerate(NORM_NAMES)]
+    variants = [
+        f"{norm}{'' if placement == 'pre' else '-' + placement}"
+        for norm in ("rmsnorm", "layernorm", "dyt")
+        for placement in ("pre", "peri", "post")
+    ]
+    assert tag and runs == {f"{i}-tiny-{variant}-s0{tag}" for i, variant in enumerate(variants)}
 
 
 def test_plan_batches():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.config import ModelConfig
 from training.atomic import atomic_write
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,12 @@ def load_newest_readable(run_dir: Path, map_location: str | torch.device = "cpu"
 
 
 def check_same_model(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:
-    """Refuse a checkpoint whose model config differs from the one this code would build."""
+    """Refuse a checkpoint whose model config differs from the one this code would build.
+
+    Fields added since the checkpoint was written count at their defaults, which are what the
+    code that wrote it did (e.g. placement ``pre``).
+    """
+    saved = {**ModelConfig().to_dict(), **saved}
     differences = {
         k: (saved.get(k), current.get(k)) for k in current.keys() | saved.keys() if saved.get(k) != current.get(k)
     }

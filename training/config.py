@@ -7,6 +7,7 @@ understood by every version we support).
 """
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035
 
@@ -14,28 +15,67 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from model.config import ModelConfig
-from training.run_record import register_run_name_resolver
+from model.norm_roles import ROLES
+from norms import NORM_NAMES, norm_class, norm_options
+from training.run_record import register_run_name_resolvers
 
 # ruff: noqa: UP006, UP045
 
 
+def _norm_option_fields() -> list[tuple[str, Any, Any]]:
+    """Every option that some registered norm takes, typed from its default value, defaulting to None.
+
+    So a newly registered norm's options are config keys with no edit here. None means "the
+    norm type's own default"; a key whose norms disagree on its type (or default to None) is Any.
+    """
+    types: dict[str, set[type]] = {}
+    for name in NORM_NAMES:
+        parameters = inspect.signature(norm_class(name).__init__).parameters
+        for option in norm_options(name):
+            default = parameters[option].default
+            types.setdefault(option, set()).update({type(default)} if default is not None else set())
+    return [
+        (option, Optional[found.pop()] if len(found) == 1 else Any, field(default=None))
+        for option, found in types.items()
+    ]
+
+
+def _set_options(options) -> Dict[str, Any]:
+    """The options given a value (the others keep the norm type's default)."""
+    return {
+        f.name: getattr(options, f.name)
+        for f in dataclasses.fields(NormOptions)
+        if getattr(options, f.name) is not None
+    }
+
+
+# Options of the norm modules: eps, p, k, bias, cast_before_weight, gain, alpha_init, shift_init, ...
+NormOptions = dataclasses.make_dataclass("NormOptions", _norm_option_fields(), namespace={"options": _set_options})
+
+# Options for one role alone, e.g. norm.roles.attn_in.alpha_init=0.8 (typed: a misspelled role or
+# option is refused at composition).
+NormRoles = dataclasses.make_dataclass(
+    "NormRoles", [(role, NormOptions, field(default_factory=NormOptions)) for role in ROLES]
+)
+
+
 @dataclass
-class NormConfig:
-    """The norm group: a registered name and the options its module takes (None = its default)."""
+class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
+    """The norm group: the norm type and its options, plus structure that is not a module option.
 
-    name: str = MISSING
-    eps: Optional[float] = None
-    p: Optional[float] = None
-    k: Optional[int] = None
-    bias: Optional[bool] = None
-    cast_before_weight: Optional[bool] = None
+    Structural keys (placement, qk, qk_axis) shape the model and are never passed to a norm; an
+    option that the chosen type does not take is refused before any data is loaded.
+    """
 
-    def options(self) -> Dict[str, Any]:
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name != "name" and getattr(self, f.name) is not None
-        }
+    name: str = MISSING  # the norm type, a registered name (norms/registry.py)
+    placement: str = "pre"  # pre | post | peri | reordered (model/blocks.py)
+    qk: Optional[str] = None  # a norm type for q and k inside attention (QK-norm), or null for none
+    qk_axis: str = "head"  # head: per attention head (Qwen3) | all: over all heads at once (OLMo 2)
+    roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
+
+    def role_options(self) -> Dict[str, Dict[str, Any]]:
+        """The options set for single roles, e.g. {"attn_in": {"alpha_init": 0.8}}."""
+        return {role: options for role in ROLES if (options := NormOptions.options(getattr(self.roles, role)))}
 
 
 # The model group holds the decoder's shape: every ModelConfig field except the norm (chosen by
@@ -46,7 +86,7 @@ ModelPreset = dataclasses.make_dataclass(
     + [
         (f.name, f.type, field(default=f.default) if f.default is not dataclasses.MISSING else field())
         for f in dataclasses.fields(ModelConfig)
-        if f.name not in ("norm", "norm_options")
+        if f.name not in ("norm", "norm_options", "placement", "qk_norm", "qk_axis", "norm_role_options")
     ],
 )
 
@@ -125,7 +165,9 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     device: str = "auto"  # auto: cuda, else mps, else cpu
-    run_name: str = "${model.name}-${norm.name}-s${seed}${overrides_tag:}"
+    # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
+    variant: str = "${norm_variant:${norm.name},${norm.placement},${norm.qk},${norm.qk_axis},${norm.gain}}"
+    run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
 
@@ -150,11 +192,11 @@ class EvalConfig:
 
 
 # Overrides of these keys show in the readable part of a run name; others add a short hash.
-RUN_NAME_KEYS = ("norm", "model", "seed", "run_name")
+RUN_NAME_KEYS = ("norm", "model", "seed", "run_name", "norm.placement", "norm.qk", "norm.qk_axis", "norm.gain")
 
 
 def register_configs() -> None:
-    register_run_name_resolver(RUN_NAME_KEYS)
+    register_run_name_resolvers(RUN_NAME_KEYS)
     store = ConfigStore.instance()
     store.store(name="normlab_schema", node=Config)
     store.store(name="eval_schema", node=EvalConfig)

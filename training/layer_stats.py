@@ -1,10 +1,15 @@
-"""Per-layer statistics: what each norm sees and emits, its gain, and per-layer gradient norms.
+"""Per-layer statistics: what each norm sees and emits, the residual stream, attention, gradients.
 
-Activation statistics come from a separate probe forward pass every ``stats_every`` steps:
-forward hooks on the norm modules (by their stable names) record the residual stream going
-in and the normalized output coming out, under ``torch.no_grad`` and on the uncompiled
-model, so the training steps in between carry no hooks and no cost. The same probe times
-the norm layers against the whole forward pass.
+Activation statistics come from a separate probe forward pass every ``stats_every`` steps (and
+at the last step): forward hooks on every norm module (found by type, so the statistics are
+right in every placement), on every block's output (the residual stream) and on attention,
+under ``torch.no_grad`` and on the uncompiled model, so the training steps in between carry
+no hooks and no cost. The same probe times the norm layers against the whole forward pass.
+
+Keys: ``act/<norm>/in_*`` describe what the norm sees (the residual stream for a norm before a
+branch, the branch output for one after it, q or k for QK-norm; the norm's role is in the run's
+``runtime.norm_roles``), ``act/<norm>/out_*`` what it emits; ``act/layers.<i>/stream_*`` the
+residual stream leaving block i; ``attn/layers.<i>/max_logit`` and ``entropy`` the attention.
 """
 
 from __future__ import annotations
@@ -16,22 +21,40 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from model.attention import Attention
+
 
 def _rms_and_mean(x: torch.Tensor, prefix: str) -> dict[str, float]:
     x = x.detach().double()
     return {f"{prefix}_rms": x.pow(2).mean().sqrt().item(), f"{prefix}_mean": x.mean().item()}
 
 
-def _moments(x: torch.Tensor, prefix: str) -> dict[str, float]:
-    x = x.detach().double().flatten()
+def _kurtosis(x: torch.Tensor) -> float:
+    """Pearson kurtosis (3 for a Gaussian) of the values of ``x``."""
     centred = x - x.mean()
     var = centred.pow(2).mean()
+    return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else 0.0
+
+
+def feature_kurtosis(x: torch.Tensor) -> float:
+    """Kurtosis of the per-feature RMS over all tokens (He et al. 2024, arXiv 2405.19279).
+
+    About 3 when no feature stands out; large when a few features carry outsized values
+    (outlier features), which element kurtosis can miss.
+    """
+    rows = x.detach().double().reshape(-1, x.shape[-1])
+    return _kurtosis(rows.pow(2).mean(dim=0).sqrt())
+
+
+def _moments(x: torch.Tensor, prefix: str) -> dict[str, float]:
+    flat = x.detach().double().flatten()
     return {
-        **_rms_and_mean(x, prefix),
-        f"{prefix}_std": var.sqrt().item(),
-        f"{prefix}_absmax": x.abs().max().item(),
-        # Pearson kurtosis (3 for a Gaussian): large values flag outlier features.
-        f"{prefix}_kurtosis": (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else 0.0,
+        **_rms_and_mean(flat, prefix),
+        f"{prefix}_std": flat.std(correction=0).item(),
+        f"{prefix}_absmax": flat.abs().max().item(),
+        # Large values flag outlier elements; the feature kurtosis flags outlier features.
+        f"{prefix}_kurtosis": _kurtosis(flat),
+        f"{prefix}_feature_kurtosis": feature_kurtosis(x),
     }
 
 
@@ -42,7 +65,7 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def probe_norms(model: nn.Module, inputs: torch.Tensor, autocast: contextlib.AbstractContextManager) -> dict:
-    """One eval-mode forward of ``inputs`` with hooks on every norm; returns ``act/`` and ``perf/`` metrics."""
+    """One eval-mode forward of ``inputs`` with hooks on every norm; returns ``act/``, ``attn/`` and ``perf/`` metrics."""
     norms: dict[str, nn.Module] = model.norm_modules()
     metrics: dict[str, float] = {}
     norm_seconds: dict[str, float] = defaultdict(float)
@@ -62,13 +85,28 @@ def probe_norms(model: nn.Module, inputs: torch.Tensor, autocast: contextlib.Abs
             _sync(device)
             stats_started = time.perf_counter()
             norm_seconds[name] += stats_started - started[name]
-            # With a residual the norm returns (normalized, x + residual): the sum is the stream.
-            stream, normalized = (output[1], output[0]) if isinstance(output, tuple) else (args[0], output)
-            stats = {**_moments(stream, "in"), **_rms_and_mean(normalized, "out")}
-            stats["gain_mean"] = module.weight.detach().float().mean().item()
-            stats["gain_std"] = module.weight.detach().float().std().item()
+            # With a residual the norm returns (normalized, x + residual): it sees the sum.
+            seen, normalized = (output[1], output[0]) if isinstance(output, tuple) else (args[0], output)
+            stats = {**_moments(seen, "in"), **_rms_and_mean(normalized, "out")}
+            gain = module.effective_gain()
+            if gain is not None:
+                stats.update(gain_mean=gain.mean().item(), gain_std=gain.std().item())
+            if hasattr(module, "saturated_fraction"):  # DyT, Derf: inputs in the flat part of the squash
+                stats["saturated"] = module.saturated_fraction(seen)
             metrics.update({f"act/{name}/{key}": value for key, value in stats.items()})
             stats_seconds[0] += time.perf_counter() - stats_started
+
+        return hook
+
+    def stream(index):
+        def hook(module, args, output):
+            started_stats = time.perf_counter()
+            stats = {
+                "stream_rms": _rms_and_mean(output, "x")["x_rms"],
+                "stream_feature_kurtosis": feature_kurtosis(output),
+            }
+            metrics.update({f"act/layers.{index}/{key}": value for key, value in stats.items()})
+            stats_seconds[0] += time.perf_counter() - started_stats
 
         return hook
 
@@ -76,17 +114,27 @@ def probe_norms(model: nn.Module, inputs: torch.Tensor, autocast: contextlib.Abs
     for name, module in norms.items():
         handles.append(module.register_forward_pre_hook(before(name), with_kwargs=True))
         handles.append(module.register_forward_hook(after(name), with_kwargs=True))
+    for index, layer in enumerate(model.layers):
+        handles.append(layer.register_forward_hook(stream(index)))
+    attention = {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
     was_training = model.training
     model.eval()
     try:
+        for module in attention.values():
+            module.stats = {}
         _sync(device)
         begin = time.perf_counter()
         with autocast:
             model(inputs)
         _sync(device)
         total = time.perf_counter() - begin - stats_seconds[0]
+        for name, module in attention.items():
+            layer = name.removesuffix(".attn")
+            metrics.update({f"attn/{layer}/{key}": value for key, value in module.stats.items()})
     finally:
         model.train(was_training)
+        for module in attention.values():
+            module.stats = None
         for handle in handles:
             handle.remove()
     metrics["perf/norm_forward_ms"] = 1000 * sum(norm_seconds.values())

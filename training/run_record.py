@@ -29,6 +29,7 @@ RECORD = "config.yaml"
 
 FREE_KEYS = (
     "run_name",
+    "variant",  # a label derived from the norm keys
     "resume_with_changes",
     "device",
     "logger",
@@ -201,10 +202,22 @@ def overrides_tag(overrides: list[str], readable_keys: tuple[str, ...]) -> str:
     return "-h" + hashlib.sha1("\n".join(sorted(kept)).encode()).hexdigest()[:6]
 
 
-def register_run_name_resolver(readable_keys: tuple[str, ...]) -> None:
-    """``${overrides_tag:}`` in configs: the tag of this process's Hydra overrides ("" outside Hydra)."""
+def norm_variant(name: str, placement: str, qk: str | None, qk_axis: str, gain: str | None) -> str:
+    """A readable label of a norm design choice: ``rmsnorm``, ``rmsnorm-peri-qk``, ``dyt-qk_rmsnorm_all``."""
+    parts = [name]
+    if placement != "pre":
+        parts.append(placement)
+    if qk:
+        parts.append("qk" + ("" if qk == name else f"_{qk}") + ("_all" if qk_axis == "all" else ""))
+    if gain and gain != "standard":
+        parts.append(f"gain_{gain}")
+    return "-".join(parts)
 
-    def resolve() -> str:
+
+def register_run_name_resolvers(readable_keys: tuple[str, ...]) -> None:
+    """``${norm_variant:...}`` and ``${overrides_tag:}`` (this process's Hydra overrides; "" outside Hydra)."""
+
+    def resolve_overrides_tag() -> str:
         from hydra.core.hydra_config import HydraConfig
 
         if not HydraConfig.initialized():
@@ -212,4 +225,5 @@ def register_run_name_resolver(readable_keys: tuple[str, ...]) -> None:
         return overrides_tag(list(HydraConfig.get().overrides.task), readable_keys)
 
     if not OmegaConf.has_resolver("overrides_tag"):
-        OmegaConf.register_new_resolver("overrides_tag", resolve)
+        OmegaConf.register_new_resolver("overrides_tag", resolve_overrides_tag)
+        OmegaConf.register_new_resolver("norm_variant", norm_variant)
