@@ -62,6 +62,11 @@ def _check_k(k: object, dim: int) -> int:
     return k
 
 
+def gain_mode(weight: torch.Tensor | None, zero_centered: bool) -> int:
+    """The kernels' gain constant: 0 applies ``weight``, 1 applies ``1 + weight``, 2 applies no gain."""
+    return 2 if weight is None else int(zero_centered)
+
+
 def _gain(weight: torch.Tensor, dtype: torch.dtype, zero_centered: bool) -> torch.Tensor:
     """The gain in the compute dtype: ``weight``, or ``1 + weight`` added there (so a tiny w still counts)."""
     gain = weight.to(dtype)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from norms.functional import _check_k, derf, dyt, layer_norm, partial_rms_norm, rms_norm
+from norms import cpu
+from norms.functional import _check_k, derf, dyt, layer_norm, partial_rms_norm
 
 GAINS = ("standard", "one_plus", "none")
 
@@ -94,17 +96,39 @@ class _GainedNorm(Norm):
         return torch.ones(self.dim) if gain is None else gain
 
 
-class RMSNorm(_GainedNorm):
+class _RMSFamily(_GainedNorm):
+    """RMSNorm over the first ``k`` features: the C kernel on float32 CPU tensors, else the reference op.
+
+    The two agree to float32 rounding (tests/test_cpu_kernel.py); in float32 the cast order
+    makes no difference, so ``cast_before_weight`` only matters on the reference path.
+    """
+
+    k: int
+    cast_before_weight: bool
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu.applies(x, self.weight):
+            return cpu.cpu_rms_norm(x, self.weight, self.eps, self.k, zero_centered=self.zero_centered)
+        return partial_rms_norm(
+            x,
+            self.weight,
+            self.k,
+            self.eps,
+            cast_before_weight=self.cast_before_weight,
+            zero_centered=self.zero_centered,
+        )
+
+    def backend(self, device: torch.device | str) -> str:
+        return "c-kernel" if torch.device(device).type == "cpu" and cpu.available() else "pytorch"
+
+
+class RMSNorm(_RMSFamily):
     """RMSNorm with a gain initialised to ones (or zeros applied as 1 + w, or none)."""
 
     def __init__(self, dim: int, eps: float = 1e-6, cast_before_weight: bool = False, gain: str = "standard") -> None:
         super().__init__(dim, eps, gain)
         self.cast_before_weight = cast_before_weight
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(
-            x, self.weight, self.eps, cast_before_weight=self.cast_before_weight, zero_centered=self.zero_centered
-        )
+        self.k = dim
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
         return self.gain_or_ones()
@@ -127,7 +151,7 @@ def resolve_partial_k(dim: int, p: float | None, k: int | None) -> int:
     return max(1, math.ceil(round(p * dim, 9)))
 
 
-class PartialRMSNorm(_GainedNorm):
+class PartialRMSNorm(_RMSFamily):
     """pRMSNorm: the RMS of the first ``k`` features normalizes all ``dim`` features."""
 
     def __init__(
@@ -142,16 +166,6 @@ class PartialRMSNorm(_GainedNorm):
         super().__init__(dim, eps, gain)
         self.cast_before_weight = cast_before_weight
         self.k = resolve_partial_k(dim, p, k)
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return partial_rms_norm(
-            x,
-            self.weight,
-            self.k,
-            self.eps,
-            cast_before_weight=self.cast_before_weight,
-            zero_centered=self.zero_centered,
-        )
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
         return self.gain_or_ones() if self.k == self.dim else None
@@ -168,7 +182,17 @@ class LayerNorm(_GainedNorm):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps, zero_centered=self.zero_centered)
+        """torch's native layer_norm kernel: the reference op's numerics to within one rounding, and
+        several times faster (scripts/bench_norms.py). It refuses float64 inputs with float32
+        parameters, which the reference op takes."""
+        params = [p for p in (self.weight, self.bias) if p is not None]
+        if x.dtype == torch.float64 and any(p.dtype != x.dtype for p in params):
+            return layer_norm(x, self.weight, self.bias, self.eps, zero_centered=self.zero_centered)
+        weight, bias = self.weight, self.bias
+        if self.zero_centered:  # 1 + w added in float32 at least, so a small w is not lost to bfloat16
+            weight = weight.to(torch.promote_types(weight.dtype, torch.float32)) + 1.0
+            bias = None if bias is None else bias.to(weight.dtype)  # the kernel wants one parameter dtype
+        return F.layer_norm(x, (self.dim,), weight, bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, bias={self.bias is not None}, gain={self.gain}"

@@ -15,7 +15,7 @@ from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrid
 
 import model.transformer as transformer_module
 import train as train_script
-from norms import NORM_NAMES
+from norms import NORM_NAMES, build_norm
 from training.checkpoint import load_checkpoint
 from training.config import RUN_NAME_KEYS
 from training.optim import build_optimizer, lr_at
@@ -59,7 +59,7 @@ def test_smoke_run_logs_every_key_group(norm, tmp_path, cache_dir):
     assert rows[-1]["val/ppl"] == pytest.approx(math.exp(rows[-1]["val/loss"]))
 
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    expected_backend = "triton-interpreter" if norm == "fused_rmsnorm" else "pytorch"
+    expected_backend = build_norm(norm, 8).backend("cpu")  # e.g. c-kernel, triton-interpreter, pytorch
     assert saved["norm"]["name"] == norm
     assert saved["runtime"]["norm_backend"] == {
         "attn_in": expected_backend,

@@ -12,7 +12,9 @@ class FusedRMSNorm(RMSNorm):
     """RMSNorm (or pRMSNorm with ``k``/``p``) computed by the fused Triton kernel.
 
     Same parameters and numerics as :class:`norms.RMSNorm`, so checkpoints move between the
-    two. With a residual it adds and normalizes in one pass.
+    two. With a residual it adds and normalizes in one pass. Where Triton cannot run (no GPU,
+    no interpreter) it runs as RMSNorm does there, the C kernel on CPU, and says so in
+    ``backend``.
     """
 
     def __init__(
@@ -31,18 +33,21 @@ class FusedRMSNorm(RMSNorm):
         return {"cast_before_weight": self.cast_before_weight, "zero_centered": self.zero_centered}
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if kernel_backend(x.device) == "reference":
+            return super().normalize(x)
         return fused_rms_norm(x, self.weight, self.eps, self.k, **self._options())
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is None:
-            return self.normalize(x)
+        if residual is None or kernel_backend(x.device) == "reference":
+            return super().forward(x, residual)
         return fused_add_rms_norm(x, residual, self.weight, self.eps, self.k, **self._options())
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
         return self.gain_or_ones() if self.k == self.dim else None
 
     def backend(self, device: torch.device | str) -> str:
-        return kernel_backend(device)
+        backend = kernel_backend(device)
+        return super().backend(device) if backend == "reference" else backend
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, k={self.k}"

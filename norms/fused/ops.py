@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from norms.functional import _check_affine, _check_input, _check_k, partial_rms_norm
+from norms.functional import _check_affine, _check_input, _check_k, gain_mode, partial_rms_norm
 
 try:
     import triton
@@ -33,6 +33,8 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 # Rows up to this many features are held in registers in one pass; longer rows loop over blocks.
 MAX_SINGLE_BLOCK = 8192
+# Rows shorter than this share a program: a tile of TILE_ELEMENTS // block rows.
+TILE_ELEMENTS = 2048
 
 
 def kernel_backend(device: torch.device | str) -> str:
@@ -47,15 +49,12 @@ def kernel_backend(device: torch.device | str) -> str:
     return "reference"
 
 
-def _launch_config(n: int) -> tuple[int, bool, int]:
-    """(block size, whether the row fits one block, warps) for a row of ``n`` features."""
+def launch_config(n: int) -> tuple[int, int, bool, int]:
+    """(block size, rows per tile, whether the row fits one block, warps) for rows of ``n`` features."""
     block = min(triton.next_power_of_2(n), MAX_SINGLE_BLOCK)
-    return block, n <= block, min(max(block // 256, 1), 16)
-
-
-def _gain_code(weight: torch.Tensor | None, zero_centered: bool) -> int:
-    """The kernels' GAIN constant: 0 applies w, 1 applies 1 + w, 2 applies no gain."""
-    return 2 if weight is None else int(zero_centered)
+    single = n <= block
+    rows = max(1, TILE_ELEMENTS // block) if single else 1
+    return block, rows, single, min(max(block * rows // 256, 1), 8)  # 16 warps made ptxas spill (compile_kernels.py)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -87,8 +86,8 @@ def _rms_norm_fwd(
         s = torch.empty((m, n), dtype=x.dtype, device=x.device)
         s2 = s
     if m > 0:
-        block, single, warps = _launch_config(n)
-        rms_norm_fwd_kernel[(m,)](
+        block, rows, single, warps = launch_config(n)
+        rms_norm_fwd_kernel[(triton.cdiv(m, rows),)](
             x2,
             r2,
             x2 if weight is None else weight,  # not read without a gain
@@ -99,6 +98,7 @@ def _rms_norm_fwd(
             r2.stride(0),
             y.stride(0),
             s2.stride(0),
+            m,
             n,
             k,
             eps,
@@ -106,6 +106,7 @@ def _rms_norm_fwd(
             CAST_BEFORE_WEIGHT=cast_before_weight,
             GAIN=gain,
             BLOCK=block,
+            ROWS=rows,
             SINGLE_BLOCK=single,
             num_warps=warps,
         )
@@ -144,7 +145,8 @@ def _rms_norm_bwd(
     dw_partial = torch.zeros((programs if weight is not None else 1, n), dtype=torch.float32, device=x.device)
     ds2 = _as_rows(dsum) if dsum is not None else dy2
     if m > 0:
-        block, single, warps = _launch_config(n)
+        block, rows, single, warps = launch_config(n)
+        dot = rstd if single else torch.empty(m, dtype=torch.float32, device=x.device)  # per-row scratch
         rms_norm_bwd_kernel[(programs,)](
             dy2,
             x2,
@@ -153,6 +155,7 @@ def _rms_norm_bwd(
             ds2,
             dx,
             dw_partial,
+            dot,
             dy2.stride(0),
             x2.stride(0),
             ds2.stride(0),
@@ -164,6 +167,7 @@ def _rms_norm_bwd(
             HAS_DRESIDUAL=dsum is not None,
             GAIN=gain,
             BLOCK=block,
+            ROWS=rows,
             SINGLE_BLOCK=single,
             num_warps=warps,
         )
@@ -233,7 +237,7 @@ def fused_rms_norm(
     k = _validated_k(x, weight, k, eps)
     if not _use_kernel(x):
         return partial_rms_norm(x, weight, k, eps, cast_before_weight=cast_before_weight, zero_centered=zero_centered)
-    return _rms_norm_fwd(x, None, weight, k, eps, cast_before_weight, _gain_code(weight, zero_centered))[0]
+    return _rms_norm_fwd(x, None, weight, k, eps, cast_before_weight, gain_mode(weight, zero_centered))[0]
 
 
 def fused_add_rms_norm(
@@ -259,5 +263,5 @@ def fused_add_rms_norm(
             total, weight, k, eps, cast_before_weight=cast_before_weight, zero_centered=zero_centered
         )
         return normed, total
-    y, total, _ = _rms_norm_fwd(x, residual, weight, k, eps, cast_before_weight, _gain_code(weight, zero_centered))
+    y, total, _ = _rms_norm_fwd(x, residual, weight, k, eps, cast_before_weight, gain_mode(weight, zero_centered))
     return y, total
