@@ -35,7 +35,7 @@ from training.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from training.config import Config, register_configs
+from training.config import Config, build_model_config, register_configs
 from training.corpus import DataError
 from training.data import build_data
 from training.distributed import Distributed, init_distributed
@@ -50,8 +50,6 @@ from training.throughput import ThroughputMeter, peak_flops, peak_memory_gb
 
 log = logging.getLogger("normlab.train")
 register_configs()
-
-VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faster matmuls
 
 
 class TrainingDiverged(RuntimeError):
@@ -74,21 +72,6 @@ def plan_batches(train_cfg, seq_len: int, world_size: int) -> tuple[int, int]:
         )
     global_batch = global_tokens // seq_len
     return global_batch, global_batch // per_pass
-
-
-def build_model_config(cfg: DictConfig, vocab_size: int) -> ModelConfig:
-    shape = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "name"}
-    shape["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
-    norm = OmegaConf.to_object(cfg.norm)
-    return ModelConfig(
-        **shape,
-        norm=norm.name,
-        norm_options=norm.options(),
-        placement=norm.placement,
-        qk_norm=norm.qk,
-        qk_axis=norm.qk_axis,
-        norm_role_options=norm.role_options(),
-    )
 
 
 def check_model_config(cfg: DictConfig) -> None:

@@ -10,7 +10,9 @@ every result is also printed as a fraction of it. Rows are sized so each tensor 
 than the caches. Every registered norm is timed as the model runs it (eager, and under
 ``torch.compile``), next to torch's own norms; a norm whose backend here is the Triton
 interpreter (it would time Python, not the kernel) and Liger (needs CUDA and liger-kernel) are
-listed as skipped, with the reason. ``identity`` moves no memory: its time is the call overhead.
+listed as skipped, with the reason. Each runs on the backend the model would use (its
+``backend(device)``: the C kernel for RMSNorm on CPU, torch's kernel for LayerNorm, ...).
+``identity`` moves no memory: its time is the call overhead.
 
 Output: a table on stdout, results.json and bandwidth.png in --out.
 """
@@ -87,8 +89,8 @@ def unavailable(name: str, device: torch.device) -> str | None:
             return "liger-kernel is not installed (pip install liger-kernel)"
         return None
     backend = getattr(IMPLEMENTATIONS[name](8), "backend", lambda device: "pytorch")(device)
-    if backend not in ("pytorch", "triton"):
-        return f"its backend here is {backend}: the kernel needs CUDA (the interpreter would time Python, not it)"
+    if backend == "triton-interpreter":
+        return "its backend here is triton-interpreter: it would time Python, not the kernel (needs CUDA)"
     return None
 
 

@@ -140,6 +140,19 @@ def test_looping_path_at_small_block(monkeypatch):
     for dim, k in [(100, 100), (100, 3), (100, 50), (33, 32)]:
         _compare((3, dim), k, torch.float32, True)
         _compare((3, dim), k, torch.bfloat16, False)
+    _compare((11, 70), 70, torch.float32, True)  # several rows per backward program: the two-phase path
+
+
+@pytest.mark.parametrize("dim", [8, 40, 100])
+def test_row_tiles_with_a_partial_last_tile(monkeypatch, dim):
+    """Many short rows per program (QK-norm sizes), with a row count that does not fill the last tile."""
+    monkeypatch.setattr(fused_ops, "TILE_ELEMENTS", 4 * triton_next_power_of_2(dim))
+    _compare((3, 7, dim), dim, torch.float32, True)
+    _compare((23, dim), max(1, dim // 4), torch.bfloat16, False)
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def test_empty_batch():

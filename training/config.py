@@ -8,11 +8,12 @@ understood by every version we support).
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from model.config import ModelConfig
 from model.norm_roles import ROLES
@@ -189,6 +190,25 @@ class EvalConfig:
     device: str = "auto"
     precision: str = "auto"
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faster matmuls
+
+
+def build_model_config(cfg, vocab_size: int) -> ModelConfig:
+    """The model config that a composed run config (and a tokenizer's vocabulary size) describe."""
+    shape = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "name"}
+    shape["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
+    norm = OmegaConf.to_object(cfg.norm)
+    return ModelConfig(
+        **shape,
+        norm=norm.name,
+        norm_options=norm.options(),
+        placement=norm.placement,
+        qk_norm=norm.qk,
+        qk_axis=norm.qk_axis,
+        norm_role_options=norm.role_options(),
+    )
 
 
 # Overrides of these keys show in the readable part of a run name; others add a short hash.

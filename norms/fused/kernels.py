@@ -1,14 +1,19 @@
 """Triton kernels for RMSNorm, partial RMSNorm and the fused residual add.
 
-Forward: one program per row. The statistic (mean of squares over the first K features,
-in float32) and the output are computed in one pass when the row fits one block, or in
-two loops over column blocks when it does not, so there is no cap on the hidden size.
-The per-row reciprocal RMS is saved for the backward pass.
+Forward, rows that fit one block (D <= 8192): each program normalizes a tile of ROWS rows x
+BLOCK features at once. Small rows (QK-norm's head_dim of 32-128, a CPU-sized model's 192)
+get many rows per program, so a program's threads are not mostly idle; large rows get one.
+The statistic (mean of squares over the first K features, in float32) and the output come
+from one read of the tile. Longer rows: one program per row, in two loops over column
+blocks, so there is no cap on the hidden size. The per-row reciprocal RMS is saved.
 
-Backward: each program owns a contiguous range of rows; it writes dx for each row from
-the saved statistic and accumulates its share of the weight gradient in float32, which
-the caller reduces across programs. With a partial statistic (K < N) the gradient of
-the statistic only flows into the first K features:
+Backward: each program owns a contiguous range of rows and accumulates its share of the
+weight gradient in float32, which the caller reduces across programs. Rows that fit one
+block are processed ROWS at a time as tiles. Longer rows take two phases: first each row's
+``sum(g * x)`` (stored per row in DOT), then, column block by column block, dx for every row
+of the range while that block's weight gradient accumulates in registers and is written
+once, instead of being read and written back for every row. With a partial statistic
+(K < N) the gradient of the statistic only flows into the first K features:
 
     dx_j = rstd * g_j - [j < K] * x_j * rstd**3 * sum_i(g_i * x_i) / K,   g = dy * w
 
@@ -55,14 +60,16 @@ def _load_gain(W, cols, mask, GAIN: tl.constexpr):
 
 
 @triton.jit
-def _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT: tl.constexpr, GAIN: tl.constexpr):
-    """y = x * rstd * gain, with the gain applied in float32 and one rounding (or HF's order)."""
+def _output(Y, W, cols, N, x, rstd, CAST_BEFORE_WEIGHT: tl.constexpr, GAIN: tl.constexpr):
+    """y = x * rstd * gain in float32, for Y's dtype: the gain applied in float32 and one rounding
+    at the store (or, with CAST_BEFORE_WEIGHT, HF's rounding before the gain). ``cols`` indexes
+    the gain."""
     y = x * rstd
     if CAST_BEFORE_WEIGHT:
         y = y.to(Y.dtype.element_ty).to(tl.float32)
     if GAIN != 2:
-        y = y * _load_gain(W, cols, mask, GAIN)
-    tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
+        y = y * _load_gain(W, cols, cols < N, GAIN)
+    return y
 
 
 @triton.jit
@@ -77,6 +84,7 @@ def rms_norm_fwd_kernel(
     stride_r,
     stride_y,
     stride_s,
+    M,
     N,
     K,
     eps,
@@ -84,22 +92,33 @@ def rms_norm_fwd_kernel(
     CAST_BEFORE_WEIGHT: tl.constexpr,
     GAIN: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
     SINGLE_BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    X += row * stride_x
-    Y += row * stride_y
-    if HAS_RESIDUAL:
-        R += row * stride_r
-        S += row * stride_s
+    pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-
-    if SINGLE_BLOCK:
-        mask = cols < N
-        x = _load_input(X, R, S, cols, mask, HAS_RESIDUAL, True)
-        rstd = 1.0 / tl.sqrt(tl.sum(tl.where(cols < K, x * x, 0.0), axis=0) / K + eps)
-        _store_output(Y, W, cols, mask, x, rstd, CAST_BEFORE_WEIGHT, GAIN)
-    else:
+    if SINGLE_BLOCK:  # a tile of ROWS rows, each in one block
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        tile = (rows < M)[:, None] & (cols < N)[None, :]
+        x = _load_input(
+            X + rows[:, None] * stride_x,
+            R + rows[:, None] * stride_r,
+            S + rows[:, None] * stride_s,
+            cols[None, :],
+            tile,
+            HAS_RESIDUAL,
+            True,
+        )
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.where(cols[None, :] < K, x * x, 0.0), axis=1) / K + eps)
+        y = _output(Y, W, cols[None, :], N, x, rstd[:, None], CAST_BEFORE_WEIGHT, GAIN)
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=tile)
+        tl.store(RSTD + rows, rstd, mask=rows < M)
+    else:  # one long row, in column blocks
+        X += pid * stride_x
+        Y += pid * stride_y
+        if HAS_RESIDUAL:
+            R += pid * stride_r
+            S += pid * stride_s
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, K, BLOCK):
             c = start + cols
@@ -109,8 +128,9 @@ def rms_norm_fwd_kernel(
         for start in range(0, N, BLOCK):
             c = start + cols
             x = _load_input(X, R, S, c, c < N, HAS_RESIDUAL, True)
-            _store_output(Y, W, c, c < N, x, rstd, CAST_BEFORE_WEIGHT, GAIN)
-    tl.store(RSTD + row, rstd)
+            y = _output(Y, W, c, N, x, rstd, CAST_BEFORE_WEIGHT, GAIN)
+            tl.store(Y + c, y.to(Y.dtype.element_ty), mask=c < N)
+        tl.store(RSTD + pid, rstd)
 
 
 @triton.jit
@@ -130,6 +150,7 @@ def rms_norm_bwd_kernel(
     DS,
     DX,
     DW_PARTIAL,
+    DOT,
     stride_dy,
     stride_x,
     stride_ds,
@@ -141,6 +162,7 @@ def rms_norm_bwd_kernel(
     HAS_DRESIDUAL: tl.constexpr,
     GAIN: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
     SINGLE_BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
@@ -150,37 +172,46 @@ def rms_norm_bwd_kernel(
     cols = tl.arange(0, BLOCK)
     DW_PARTIAL += pid * N
 
-    if SINGLE_BLOCK:
-        mask = cols < N
-        w = _load_gain(W, cols, mask, GAIN)
+    if SINGLE_BLOCK:  # tiles of ROWS rows
+        w = _load_gain(W, cols, cols < N, GAIN)[None, :]
         dw = tl.zeros([BLOCK], dtype=tl.float32)
-        for row in range(row_start, row_end):
-            x = _load_f32(X + row * stride_x, cols, mask)
-            dy = _load_f32(DY + row * stride_dy, cols, mask)
-            rstd = tl.load(RSTD + row)
+        for first in range(row_start, row_end, ROWS):
+            rows = first + tl.arange(0, ROWS)
+            tile = (rows < row_end)[:, None] & (cols < N)[None, :]
+            x = _load_f32(X + rows[:, None] * stride_x, cols[None, :], tile)
+            dy = _load_f32(DY + rows[:, None] * stride_dy, cols[None, :], tile)
+            rstd = tl.load(RSTD + rows, mask=rows < row_end, other=0.0)[:, None]
             g = dy * w
-            coef = rstd * rstd * rstd * tl.sum(g * x, axis=0) / K
-            dx = rstd * g - tl.where(cols < K, x, 0.0) * coef
-            _store_dx(DX + row * stride_dx, DS + row * stride_ds, cols, mask, dx, HAS_DRESIDUAL)
-            dw += dy * x * rstd
+            coef = rstd * rstd * rstd * tl.sum(g * x, axis=1)[:, None] / K
+            dx = rstd * g - tl.where(cols[None, :] < K, x, 0.0) * coef
+            _store_dx(
+                DX + rows[:, None] * stride_dx, DS + rows[:, None] * stride_ds, cols[None, :], tile, dx, HAS_DRESIDUAL
+            )
+            dw += tl.sum(dy * x * rstd, axis=0)
         if GAIN != 2:
-            tl.store(DW_PARTIAL + cols, dw, mask=mask)
+            tl.store(DW_PARTIAL + cols, dw, mask=cols < N)
     else:
+        # Phase 1: sum(g * x) of every row of the range.
         for row in range(row_start, row_end):
-            rstd = tl.load(RSTD + row)
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for start in range(0, N, BLOCK):
                 c = start + cols
                 x = _load_f32(X + row * stride_x, c, c < N)
                 acc += _load_f32(DY + row * stride_dy, c, c < N) * _load_gain(W, c, c < N, GAIN) * x
-            coef = rstd * rstd * rstd * tl.sum(acc, axis=0) / K
-            for start in range(0, N, BLOCK):
-                c = start + cols
-                mask = c < N
+            tl.store(DOT + row, tl.sum(acc, axis=0))
+        # Phase 2: block by block, dx of every row and the block's weight gradient, written once.
+        for start in range(0, N, BLOCK):
+            c = start + cols
+            mask = c < N
+            w = _load_gain(W, c, mask, GAIN)
+            dw = tl.zeros([BLOCK], dtype=tl.float32)
+            for row in range(row_start, row_end):
+                rstd = tl.load(RSTD + row)
+                coef = rstd * rstd * rstd * tl.load(DOT + row) / K
                 x = _load_f32(X + row * stride_x, c, mask)
                 dy = _load_f32(DY + row * stride_dy, c, mask)
-                dx = rstd * dy * _load_gain(W, c, mask, GAIN) - tl.where(c < K, x, 0.0) * coef
+                dx = rstd * dy * w - tl.where(c < K, x, 0.0) * coef
                 _store_dx(DX + row * stride_dx, DS + row * stride_ds, c, mask, dx, HAS_DRESIDUAL)
-                if GAIN != 2:
-                    # This program alone owns its partial row, so read-modify-write needs no atomics.
-                    tl.store(DW_PARTIAL + c, _load_f32(DW_PARTIAL, c, mask) + dy * x * rstd, mask=mask)
+                dw += dy * x * rstd
+            if GAIN != 2:
+                tl.store(DW_PARTIAL + c, dw, mask=mask)

@@ -1,0 +1,182 @@
+"""Training speed of norm variants inside the model, measured by interleaving them in one process.
+
+    python scripts/bench_variants.py                                   # every registered norm, placements, QK-norm
+    python scripts/bench_variants.py --variant norm=rmsnorm --variant "norm=rmsnorm norm.placement=peri"
+    python scripts/bench_variants.py model=gpu_125m train=gpu          # Hydra overrides shared by all variants
+
+This is the only source of speed claims in normlab: runs that trained one after another on a
+shared machine differ by more than the norms do. Every variant is built at the same size from
+the same seed (the same weights outside the norms), gets its own AdamW, and is warmed up; then
+in each round every variant runs the same number of full training steps (forward, backward,
+clipping, optimizer) on the same batch, in an order that rotates from round to round. Reported
+per variant: median tokens/s over rounds, the spread (min-max), and the median over rounds of
+its ratio to the baseline measured in the same round.
+
+Output: a Markdown table on stdout and results.json in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from model import Transformer
+from norms import NORM_NAMES
+from training.config import build_model_config, register_configs
+from training.optim import build_optimizer
+from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+register_configs()
+BASELINE = "norm=rmsnorm"
+
+
+def default_variants() -> list[str]:
+    """Every registered norm pre-norm, then the baseline's other placements and QK-norm."""
+    variants = [f"norm={name}" for name in NORM_NAMES]
+    variants += [f"{BASELINE} norm.placement={placement}" for placement in ("post", "peri", "reordered")]
+    variants += [f"{BASELINE} norm.qk=rmsnorm", f"{BASELINE} norm.placement=reordered norm.qk=rmsnorm norm.qk_axis=all"]
+    return variants
+
+
+class Variant:
+    """One model and its optimizer, ready to take training steps."""
+
+    def __init__(self, overrides: list[str], variant: str, device: torch.device) -> None:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("config", overrides=[*overrides, *shlex.split(variant)])
+        self.label = cfg.variant
+        self.precision = resolve_precision(cfg.train.precision, device)
+        seed_everything(cfg.seed)
+        self.model = Transformer(build_model_config(cfg, cfg.data.vocab_size)).to(device)
+        self.optimizer = build_optimizer(self.model, cfg.train, device)
+        self.grad_clip = cfg.train.grad_clip
+        compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
+        self.step_model = torch.compile(self.model) if compile_model else self.model
+        self.autocast = autocast_context(self.precision, device)
+        self.backends = sorted({norm.backend(device) for norm in self.model.norm_modules().values()})
+
+    def steps(self, tokens: torch.Tensor, count: int) -> None:
+        for _ in range(count):
+            with self.autocast:
+                loss = self.step_model(tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if tokens.device.type == "cuda":
+            torch.cuda.synchronize(tokens.device)
+
+
+def measure(variants: list[Variant], tokens: torch.Tensor, rounds: int, steps: int, warmup: int) -> dict[str, list]:
+    """tokens/s of each variant in each round, the order rotating so that none always goes first."""
+    for variant in variants:
+        variant.steps(tokens, warmup)
+    rates: dict[str, list[float]] = {v.label: [] for v in variants}
+    per_step = tokens.shape[0] * (tokens.shape[1] - 1)
+    for round_index in range(rounds):
+        shift = round_index % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            started = time.perf_counter()
+            variant.steps(tokens, steps)
+            rates[variant.label].append(steps * per_step / (time.perf_counter() - started))
+    return rates
+
+
+def summarize(rates: dict[str, list[float]], baseline: str) -> list[dict]:
+    rows = []
+    for label, values in rates.items():
+        ratios = [value / base for value, base in zip(values, rates[baseline])]
+        rows.append(
+            {
+                "variant": label,
+                "tokens_per_sec": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+                "ratio": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict], baseline: str, backends: dict[str, list[str]]) -> str:
+    lines = [
+        f"| variant | norm backend | tokens/s (median) | min – max | vs {baseline} (median) | min – max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {', '.join(backends[r['variant']]) or '–'} | {r['tokens_per_sec']:,.0f} | "
+            f"{r['min']:,.0f} – {r['max']:,.0f} | {r['ratio']:.3f} | {r['ratio_min']:.3f} – {r['ratio_max']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every variant, e.g. model=tiny")
+    parser.add_argument("--variant", action="append", help="overrides of one variant (repeatable); default: all")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=5, help="training steps per variant per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    parser.add_argument("--out", type=Path, default=Path("bench_out/variants"))
+    args = parser.parse_args(argv)
+
+    specs = args.variant or default_variants()
+    if not specs:
+        print("bench_variants: no variants given", file=sys.stderr)
+        return 1
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("config", overrides=args.overrides)
+    device = resolve_device(cfg.device)
+    try:
+        variants = [Variant(args.overrides, spec, device) for spec in specs]
+    except ValueError as err:
+        print(f"bench_variants: {err}", file=sys.stderr)
+        return 1
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        print(f"bench_variants: two variants are the same ({labels})", file=sys.stderr)
+        return 1
+    baseline = labels[0] if "rmsnorm" not in labels else "rmsnorm"
+    seq_len = cfg.train.seq_len or cfg.model.max_seq_len
+    generator = torch.Generator().manual_seed(cfg.seed)
+    tokens = torch.randint(0, cfg.data.vocab_size, (cfg.train.batch_size, seq_len + 1), generator=generator)
+    tokens = tokens.to(device)
+
+    threads = torch.get_num_threads()
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {threads} threads"
+    print(f"{len(variants)} variants, model={cfg.model.name}, batch {tuple(tokens[:, 1:].shape)}, on {where}")
+    rates = measure(variants, tokens, args.rounds, args.steps, args.warmup)
+    rows = summarize(rates, baseline)
+    backends = {v.label: v.backends for v in variants}
+    report = table(rows, baseline, backends)
+    print(report)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "device": where,
+        "torch": torch.__version__,
+        "model": cfg.model.name,
+        "overrides": args.overrides,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "baseline": baseline,
+    }
+    (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "rates": rates}, indent=1))
+    print(f"wrote {args.out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
