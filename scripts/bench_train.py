@@ -24,7 +24,7 @@ import yaml
 from model import ModelConfig, Transformer
 from model.hf import hf_config, hf_state_dict
 from training.runtime import autocast_context, resolve_device
-from training.throughput import peak_flops
+from training.throughput import mfu_or_none, peak_flops
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default=None, help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere)")
+    parser.add_argument("--compile", action="store_true", help="also time normlab under torch.compile")
     args = parser.parse_args()
 
     device = resolve_device(args.device)
@@ -84,12 +85,22 @@ def main() -> None:
         "normlab": (ours, lambda t: ours(t[:, :-1], t[:, 1:])),
         "hf_llama": (theirs, lambda t: theirs(input_ids=t[:, :-1], labels=t[:, :-1], use_cache=False).loss),
     }
+    if args.compile:  # a second copy with the same weights, so the optimizers stay apart
+        torch.manual_seed(0)
+        twin = Transformer(cfg).to(device)
+        compiled = torch.compile(twin)
+        models["normlab_compiled"] = (twin, lambda t: compiled(t[:, :-1], t[:, 1:]))
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True) for name, (m, _) in models.items()}
     tokens = torch.randint(0, cfg.vocab_size, (args.batch_size, seq_len + 1), device=device)
 
+    warmup_seconds = {}
     for name, (_, forward) in models.items():
+        sync(device)
+        started = time.perf_counter()
         for _ in range(args.warmup):
             train_step(forward, optimizers[name], tokens, autocast)
+        sync(device)
+        warmup_seconds[name] = time.perf_counter() - started
     seconds = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, (_, forward) in models.items():
@@ -101,7 +112,7 @@ def main() -> None:
             seconds[name].append((time.perf_counter() - started) / args.steps)
 
     flops_per_token = ours.flops_per_token(seq_len)
-    peak, peak_source = peak_flops(device, precision, None)
+    peak, peak_source = peak_flops(device, precision, None)  # best of several trials on CPU
     print(
         f"model={args.model} params={sum(p.numel() for p in ours.parameters()):,} batch={args.batch_size}x{seq_len} "
         f"device={device} precision={precision} torch={torch.__version__}"
@@ -112,11 +123,15 @@ def main() -> None:
     for name, times in seconds.items():
         step = statistics.median(times)
         rates[name] = tokens_per_step / step
+        mfu = mfu_or_none(rates[name], flops_per_token, peak)
         print(
-            f"{name:>10}: {rates[name]:>10,.0f} tokens/s  step {1000 * step:7.1f} ms  "
-            f"MFU {rates[name] * flops_per_token / peak:6.1%}"
+            f"{name:>16}: {rates[name]:>10,.0f} tokens/s  step {1000 * step:7.1f} ms  "
+            f"MFU {'n/a (peak mis-measured)' if mfu is None else f'{mfu:6.1%}'}  "
+            f"warm-up {warmup_seconds[name]:.1f} s for {args.warmup} steps"
         )
-    print(f"ratio normlab / hf_llama: {rates['normlab'] / rates['hf_llama']:.2f}x")
+    for name in rates:
+        if name != "hf_llama":
+            print(f"ratio {name} / hf_llama: {rates[name] / rates['hf_llama']:.2f}x")
 
 
 if __name__ == "__main__":
