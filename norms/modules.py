@@ -207,7 +207,10 @@ def _check_alpha_init(alpha_init: float) -> None:
 
 
 class _PointwiseNorm(Norm):
-    """A statistic-free replacement for a norm: ``weight * squash(alpha * x [+ shift]) + bias``."""
+    """A statistic-free replacement for a norm: ``weight * squash(alpha * x [+ shift]) + bias``.
+
+    On float32 CPU tensors the C kernel runs it (one pass each way); elsewhere the reference op.
+    """
 
     SATURATION = 2.0  # |argument| past which tanh and erf are within 4% (resp. 0.5%) of their limit
 
@@ -222,6 +225,12 @@ class _PointwiseNorm(Norm):
 
     def squash_argument(self, x: torch.Tensor) -> torch.Tensor:
         return self.alpha * x
+
+    def _c_kernel_runs(self, x: torch.Tensor) -> bool:
+        return cpu.pointwise.applies(x, self.weight)
+
+    def backend(self, device: torch.device | str) -> str:
+        return "c-kernel" if torch.device(device).type == "cpu" and cpu.pointwise.available() else "pytorch"
 
     @torch.no_grad()
     def saturated_fraction(self, x: torch.Tensor) -> float:
@@ -239,6 +248,8 @@ class DyT(_PointwiseNorm):
         super().__init__(dim, alpha_init, bias)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if self._c_kernel_runs(x):
+            return cpu.cpu_pointwise(x, self.alpha, self.weight, self.bias)
         return dyt(x, self.alpha, self.weight, self.bias)
 
 
@@ -253,6 +264,8 @@ class Derf(_PointwiseNorm):
         return self.alpha * x + self.shift
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if self._c_kernel_runs(x):
+            return cpu.cpu_pointwise(x, self.alpha, self.weight, self.bias, self.shift)
         return derf(x, self.alpha, self.shift, self.weight, self.bias)
 
 

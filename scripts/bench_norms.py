@@ -6,7 +6,9 @@
 Each result is a time and an effective bandwidth: bytes moved / time, counting x, y, dy, dx and
 the weight once each (forward: x, y; backward: x, dy, dx; plus the weight and its gradient).
 A plain device copy (read x, write y) measured in the same run is the bandwidth ceiling, and
-every result is also printed as a fraction of it. Rows are sized so each tensor is far larger
+every result is also printed as a fraction of it: for forward+backward, the fraction of the
+memory-bound floor of five tensor passes at copy bandwidth. Implementations are measured in
+interleaved rounds (the order rotating), and each number is the median over rounds. Rows are sized so each tensor is far larger
 than the caches. Every registered norm is timed as the model runs it (eager, and under
 ``torch.compile``), next to torch's own norms; a norm whose backend here is the Triton
 interpreter (it would time Python, not the kernel) and Liger (needs CUDA and liger-kernel) are
@@ -132,9 +134,19 @@ def bytes_moved(rows: int, dim: int, element: int) -> dict[str, int]:
 
 
 def run(
-    dims, dtypes, device: torch.device, tensor_mb: int, reps: int, skip: tuple[str, ...] = ()
+    dims, dtypes, device: torch.device, tensor_mb: int, reps: int, rounds: int, skip: tuple[str, ...] = ()
 ) -> tuple[list[dict], dict[str, str]]:
+    """Every implementation at every size. Per size, the implementations (and the copy baseline)
+    are measured in ``rounds`` interleaved rounds, in an order that rotates, and each result is
+    the median over rounds: machine noise falls on all of them alike."""
     results, skipped = [], {}
+    names = []
+    for name in IMPLEMENTATIONS:
+        reason = "left out with --skip" if name in skip else unavailable(name, device)
+        if reason:
+            skipped[name] = reason
+        else:
+            names.append(name)
     for dtype in dtypes:
         element = torch.empty((), dtype=dtype).element_size()
         for dim in dims:
@@ -142,34 +154,30 @@ def run(
             x = torch.randn(rows, dim, device=device, dtype=dtype)
             dy = torch.randn_like(x)
             out = torch.empty_like(x)
-            copy_s = measure(functools.partial(out.copy_, x), device, reps)
+            modules = {name: build(name, dim, device, dtype) for name in names}
+            timings: dict[str, list[dict[str, float]]] = {name: [] for name in ["copy", *names]}
+            order = list(timings)
+            for round_index in range(rounds):
+                shift = round_index % len(order)
+                for name in order[shift:] + order[:shift]:
+                    if name == "copy":
+                        timings[name].append({"copy": measure(functools.partial(out.copy_, x), device, reps)})
+                    else:
+                        timings[name].append(bench_one(modules[name], x, dy, device, reps))
+            copy_s = statistics.median(t["copy"] for t in timings.pop("copy"))
             copy_bw = 2 * x.numel() * element / copy_s
-            results.append(
-                {
-                    "impl": "copy",
-                    "dtype": str(dtype)[6:],
-                    "dim": dim,
-                    "rows": rows,
-                    "pass": "copy",
-                    "ms": 1000 * copy_s,
-                    "gbps": copy_bw / 1e9,
-                    "frac_of_copy": 1.0,
-                }
-            )
+            base = {"dtype": str(dtype)[6:], "dim": dim, "rows": rows}
+            results.append({"impl": "copy", **base, "pass": "copy", "ms": 1000 * copy_s, "gbps": copy_bw / 1e9})
+            results[-1]["frac_of_copy"] = 1.0
             moved = bytes_moved(rows, dim, element)
-            for name in IMPLEMENTATIONS:
-                reason = "left out with --skip" if name in skip else unavailable(name, device)
-                if reason:
-                    skipped[name] = reason
-                    continue
-                for pass_name, seconds in bench_one(build(name, dim, device, dtype), x, dy, device, reps).items():
+            for name, per_round in timings.items():
+                for pass_name in PASSES:
+                    seconds = statistics.median(t[pass_name] for t in per_round)
                     bandwidth = moved[pass_name] / seconds
                     results.append(
                         {
                             "impl": name,
-                            "dtype": str(dtype)[6:],
-                            "dim": dim,
-                            "rows": rows,
+                            **base,
                             "pass": pass_name,
                             "ms": 1000 * seconds,
                             "gbps": bandwidth / 1e9,
@@ -224,7 +232,8 @@ def main() -> None:
     )
     parser.add_argument("--dtypes", nargs="+", default=None, help="default: bfloat16 float32 on GPU, float32 on CPU")
     parser.add_argument("--tensor-mb", type=int, default=None, help="size of x (default 512 MB on GPU, 64 MB on CPU)")
-    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--reps", type=int, default=None, help="timed calls per round (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median over rounds)")
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=list(IMPLEMENTATIONS), help="implementations to leave out"
     )
@@ -236,16 +245,16 @@ def main() -> None:
     dims = args.dims or ([2**i for i in range(9, 17)] if gpu else [512, 2048, 8192, 32768])
     dtypes = [getattr(torch, name) for name in (args.dtypes or (["bfloat16", "float32"] if gpu else ["float32"]))]
     tensor_mb = args.tensor_mb or (512 if gpu else 64)
-    reps = args.reps or (50 if gpu else 5)
+    reps = args.reps or (20 if gpu else 3)
 
     name = torch.cuda.get_device_name(device) if gpu else f"CPU ({torch.get_num_threads()} threads)"
     print(f"device: {name}; torch {torch.__version__}; x is {tensor_mb} MB per run")
-    results, skipped = run(dims, dtypes, device, tensor_mb, reps, tuple(args.skip))
+    results, skipped = run(dims, dtypes, device, tensor_mb, reps, args.rounds, tuple(args.skip))
     print_table(results)
     for impl, reason in skipped.items():
         print(f"skipped {impl}: {reason}")
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": name, "torch": torch.__version__, "tensor_mb": tensor_mb, "reps": reps}
+    meta = {"device": name, "torch": torch.__version__, "tensor_mb": tensor_mb, "reps": reps, "rounds": args.rounds}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results, "skipped": skipped}, indent=1))
     plot(results, args.out / "bandwidth.png")
     print(f"wrote {args.out / 'results.json'} and {args.out / 'bandwidth.png'}")

@@ -1,13 +1,14 @@
 """The C RMSNorm for float32 CPU tensors against the float64 reference, and its fallbacks."""
 
+import copy
 import warnings
 
 import pytest
 import torch
 
-from norms import PartialRMSNorm, RMSNorm, partial_rms_norm
-from norms.cpu import build, cpu_rms_norm
-from norms.cpu import ops as cpu_ops
+from norms import Derf, DyT, PartialRMSNorm, RMSNorm, dyt, partial_rms_norm
+from norms.cpu import build, cpu_rms_norm, pointwise
+from norms.cpu import rms_norm as cpu_ops
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="the C kernel could not be built here")
 
@@ -75,9 +76,12 @@ def test_custom_ops_pass_opcheck_and_compile_without_graph_breaks():
     torch.library.opcheck(cpu_ops._fwd, (x, w, 24, 1e-6, 0))
     torch.library.opcheck(cpu_ops._fwd, (x, w, 6, 1e-6, 1))
     torch.library.opcheck(cpu_ops._fwd, (x, None, 24, 1e-6, 2))
-    norm = RMSNorm(24)
-    compiled = torch.compile(norm, backend="eager", fullgraph=True)
-    torch.testing.assert_close(compiled(x), norm(x))
+    alpha, shift = torch.tensor([0.5], requires_grad=True), torch.tensor([0.1], requires_grad=True)
+    torch.library.opcheck(pointwise._fwd, (x, alpha, shift, w, torch.zeros(24, requires_grad=True), True))
+    torch.library.opcheck(pointwise._fwd, (x, alpha, shift, w, None, False))
+    for norm in (RMSNorm(24), DyT(24), Derf(24)):
+        compiled = torch.compile(norm, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), norm(x))
 
 
 def test_modules_use_it_for_float32_on_cpu_and_say_so():
@@ -88,32 +92,66 @@ def test_modules_use_it_for_float32_on_cpu_and_say_so():
     assert not cpu_ops.applies(torch.randn(2, 64, dtype=torch.float64), norm.weight.double())
 
 
-def test_turned_off_or_unbuildable_it_falls_back_to_the_reference(monkeypatch, tmp_path):
+@pytest.fixture
+def fresh_kernels():
+    """Forget the loaded libraries before and after, so environment changes take effect."""
+
+    def clear():
+        for cached in (build.load_library, cpu_ops._library, pointwise._library):
+            cached.cache_clear()
+
+    clear()
+    yield
+    clear()
+
+
+def test_turned_off_or_unbuildable_it_falls_back_to_the_reference(monkeypatch, tmp_path, fresh_kernels):
     x = torch.randn(4, 16)
-    try:
-        build.load_library.cache_clear()
-        monkeypatch.setenv("NORMLAB_CPU_KERNEL", "0")
-        assert RMSNorm(16).backend("cpu") == "pytorch"
-        assert torch.equal(RMSNorm(16)(x), partial_rms_norm(x, torch.ones(16), 16))
+    monkeypatch.setenv("NORMLAB_CPU_KERNEL", "0")
+    assert RMSNorm(16).backend("cpu") == DyT(16).backend("cpu") == "pytorch"
+    assert torch.equal(RMSNorm(16)(x), partial_rms_norm(x, torch.ones(16), 16))
 
-        build.load_library.cache_clear()
-        monkeypatch.delenv("NORMLAB_CPU_KERNEL")
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached: it must build
-        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert not cpu_ops.available()
-        assert any("could not be built" in str(w.message) for w in caught)
-        assert torch.equal(RMSNorm(16)(x), partial_rms_norm(x, torch.ones(16), 16))
-    finally:
-        build.load_library.cache_clear()
+    for cached in (build.load_library, cpu_ops._library, pointwise._library):
+        cached.cache_clear()
+    monkeypatch.delenv("NORMLAB_CPU_KERNEL")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached: it must build
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not cpu_ops.available() and not pointwise.available()
+    assert any("could not be built" in str(w.message) for w in caught)
+    assert torch.equal(RMSNorm(16)(x), partial_rms_norm(x, torch.ones(16), 16))
+    norm = DyT(16)
+    assert torch.equal(norm(x), dyt(x, norm.alpha, norm.weight, norm.bias))
 
 
-def test_a_fresh_cache_builds_the_kernel(monkeypatch, tmp_path):
-    try:
-        build.load_library.cache_clear()
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-        assert cpu_ops.available()
-        assert list((tmp_path / "normlab" / "kernels").glob("rms_norm_*.so"))
-    finally:
-        build.load_library.cache_clear()
+def test_a_fresh_cache_builds_the_kernels(monkeypatch, tmp_path, fresh_kernels):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cpu_ops.available() and pointwise.available()
+    built = sorted(p.name.split("_")[0] for p in (tmp_path / "normlab" / "kernels").glob("*.so"))
+    assert built == ["pointwise", "rms"]
+
+
+@pytest.mark.parametrize("kind", ["dyt", "derf"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dim", [1, 123, 1500])
+def test_pointwise_norms_match_the_float64_reference_with_scalar_gradients(kind, bias, dim):
+    torch.manual_seed(0)
+    module = (DyT if kind == "dyt" else Derf)(dim, alpha_init=0.7, bias=bias)
+    with torch.no_grad():
+        module.weight.uniform_(0.5, 1.5)
+        if bias:
+            module.bias.normal_()
+        if kind == "derf":
+            module.shift.fill_(0.2)
+    assert module.backend("cpu") == "c-kernel"
+    x, dy = torch.randn(4, 9, dim), torch.randn(4, 9, dim)
+    exact = copy.deepcopy(module).double()
+    results = []
+    for norm, xi, dyi in ((module, x, dy), (exact, x.double(), dy.double())):
+        xi = xi.clone().requires_grad_()
+        norm(xi).backward(dyi)
+        results.append([xi.grad] + [p.grad for p in norm.parameters()])
+    for got, truth in zip(*results):
+        tolerance = 1e-5 * max(1.0, truth.abs().max().item()) * (1 if got.numel() > 1 else x.numel() ** 0.5)
+        assert (got.double() - truth).abs().max().item() <= tolerance

@@ -118,6 +118,8 @@ def test_bench_norms_on_cpu_reports_rows_and_skips(tmp_path):
             "1",
             "--reps",
             "2",
+            "--rounds",
+            "2",
             "--out",
             str(tmp_path),
             "--skip",

@@ -7,6 +7,7 @@ machines where the kernel cannot be built, take the reference ops; ``applies`` s
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 
 import torch
@@ -15,10 +16,20 @@ from norms.cpu.build import load_library
 from norms.functional import _check_affine, _check_input, _check_k, gain_mode
 
 
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    library = load_library("rms_norm")
+    if library is not None:
+        pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        library.rms_norm_fwd_f32.argtypes = [*[pointer] * 4, i64, i64, i64, ctypes.c_float, i32, i32]
+        library.rms_norm_bwd_f32.argtypes = [*[pointer] * 6, i64, i64, i64, i32, i32]
+    return library
+
+
 @torch.compiler.assume_constant_result  # torch.compile treats it as a constant, not a graph break
 def available() -> bool:
     """Whether the kernel is built and loaded on this machine."""
-    return load_library() is not None
+    return _library() is not None
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
@@ -27,7 +38,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     return float32_cpu and (weight is None or weight.dtype == torch.float32) and available()
 
 
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+def pointer(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
@@ -41,8 +52,17 @@ def _fwd(
     y = torch.empty_like(x2)
     rstd = torch.empty(rows, dtype=torch.float32)
     w = x2 if weight is None else weight.contiguous()  # not read without a gain
-    load_library().rms_norm_fwd_f32(
-        _ptr(x2), _ptr(w), _ptr(y), _ptr(rstd), rows, dim, k, ctypes.c_float(eps), gain, torch.get_num_threads()
+    _library().rms_norm_fwd_f32(
+        pointer(x2),
+        pointer(w),
+        pointer(y),
+        pointer(rstd),
+        rows,
+        dim,
+        k,
+        ctypes.c_float(eps),
+        gain,
+        torch.get_num_threads(),
     )
     return y.view(x.shape), rstd
 
@@ -63,8 +83,18 @@ def _bwd(
     dx = torch.empty_like(x2)
     dw_partial = torch.zeros(threads if weight is not None else 1, dim)
     w = x2 if weight is None else weight.contiguous()
-    load_library().rms_norm_bwd_f32(
-        _ptr(dy2), _ptr(x2), _ptr(w), _ptr(rstd), _ptr(dx), _ptr(dw_partial), rows, dim, k, gain, threads
+    _library().rms_norm_bwd_f32(
+        pointer(dy2),
+        pointer(x2),
+        pointer(w),
+        pointer(rstd),
+        pointer(dx),
+        pointer(dw_partial),
+        rows,
+        dim,
+        k,
+        gain,
+        threads,
     )
     return dx.view(x.shape), (dw_partial.sum(0) if weight is not None else x.new_empty(0))
 
