@@ -40,8 +40,11 @@ void rms_norm_fwd_f32(const float* x, const float* w, float* y, float* rstd, int
     }
 }
 
-void rms_norm_bwd_f32(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                      float* dw_partial, int64_t rows, int64_t dim, int64_t k, int gain_mode, int threads) {
+// The backward for one gain mode: always inlined with a constant mode, so each loop is branch-free.
+static inline __attribute__((always_inline)) void bwd_rows(const float* dy, const float* x, const float* w,
+                                                           const float* rstd, float* dx, float* dw_partial,
+                                                           int64_t rows, int64_t dim, int64_t k, const int gain_mode,
+                                                           int threads) {
 #pragma omp parallel num_threads(threads)
     {
         float* dw = dw_partial + (int64_t)omp_get_thread_num() * dim;
@@ -55,24 +58,26 @@ void rms_norm_bwd_f32(const float* dy, const float* x, const float* w, const flo
 #pragma omp simd reduction(+ : dot)
             for (int64_t j = 0; j < dim; j++) dot += dyr[j] * gain_at(w, j, gain_mode) * xr[j];
             const float coef = s * s * s * dot / (float)k;
-            if (gain_mode == 2) {
-#pragma omp simd
-                for (int64_t j = 0; j < k; j++) dxr[j] = s * dyr[j] - xr[j] * coef;
-#pragma omp simd
-                for (int64_t j = k; j < dim; j++) dxr[j] = s * dyr[j];
-                continue;
-            }
-            // dx and this thread's dw together, while the row is in cache.
+            // dx (and this thread's dw) while the row is in cache.
 #pragma omp simd
             for (int64_t j = 0; j < k; j++) {
                 dxr[j] = s * dyr[j] * gain_at(w, j, gain_mode) - xr[j] * coef;
-                dw[j] += dyr[j] * xr[j] * s;
+                if (gain_mode != 2) dw[j] += dyr[j] * xr[j] * s;
             }
 #pragma omp simd
             for (int64_t j = k; j < dim; j++) {
                 dxr[j] = s * dyr[j] * gain_at(w, j, gain_mode);
-                dw[j] += dyr[j] * xr[j] * s;
+                if (gain_mode != 2) dw[j] += dyr[j] * xr[j] * s;
             }
         }
+    }
+}
+
+void rms_norm_bwd_f32(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw_partial, int64_t rows, int64_t dim, int64_t k, int gain_mode, int threads) {
+    switch (gain_mode) {
+        case 0: bwd_rows(dy, x, w, rstd, dx, dw_partial, rows, dim, k, 0, threads); break;
+        case 1: bwd_rows(dy, x, w, rstd, dx, dw_partial, rows, dim, k, 1, threads); break;
+        default: bwd_rows(dy, x, w, rstd, dx, dw_partial, rows, dim, k, 2, threads); break;
     }
 }
