@@ -265,3 +265,11 @@ def test_weight_decay_only_on_matrices():
     undecayed = {names[id(p)] for p in no_decay["params"]}
     assert "tok_embeddings.weight" in undecayed and "final_norm.bias" in undecayed
     assert "layers.0.attn_norm.weight" in undecayed
+
+
+def test_compile_by_default_on_gpus_and_long_cpu_runs():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert train_script.should_compile(None, cuda, 10)
+    assert not train_script.should_compile(None, cpu, 600)  # the default run: compiling would not pay back
+    assert train_script.should_compile(None, cpu, train_script.CPU_COMPILE_MIN_STEPS)
+    assert not train_script.should_compile(False, cuda, 10**6) and train_script.should_compile(True, cpu, 1)

@@ -133,7 +133,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
-    compile: Optional[bool] = None  # None: on for CUDA, off elsewhere
+    compile: Optional[bool] = None  # None: on for CUDA, and on CPU from train.CPU_COMPILE_MIN_STEPS steps
     log_every: int = 10
     eval_every: int = 100
     stats_every: int = 50
