@@ -45,7 +45,7 @@ from training.optim import build_optimizer, lr_at
 from training.run_lock import RunLock, RunLockedError
 from training.run_record import RunIdentityError, append_resume, check_resume, write_new_record
 from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
-from training.sinks import MetricsFile, Sinks, WandbSink
+from training.sinks import MetricsFile, Sinks, WandbSink, diverged_step
 from training.throughput import ThroughputMeter, peak_flops, peak_memory_gb
 
 log = logging.getLogger("normlab.train")
@@ -187,8 +187,14 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     if seq_len > cfg.model.max_seq_len:
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = plan_batches(tcfg, seq_len, dist.world_size)
+    if tcfg.nan_policy not in ("stop", "skip", "record"):
+        raise ConfigError(f"train.nan_policy must be stop, skip or record, got {tcfg.nan_policy!r}")
     check_model_config(cfg)
     resume_entry = check_run_identity(cfg, run_dir, precision, global_batch * seq_len)
+    diverged_at = None if resume_entry is None else diverged_step(run_dir / "metrics.jsonl")
+    if diverged_at is not None and not cfg.resume_with_changes:
+        log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
+        return {}
 
     # Data: each node's first process fills the caches (tokenizer, token arrays); the others then read them.
     if dist.local_rank != 0:
@@ -206,6 +212,9 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         raise ConfigError(f"model/norm config: {err}") from err
     optimizer = build_optimizer(model, tcfg, device)
     start_step, resumed_from, elapsed_before = resume(run_dir, model, optimizer, model_cfg, data, cfg, dist)
+    if resumed_from and start_step >= tcfg.max_steps:
+        log.info("%s finished at step %d: nothing to train (a rerun of a sweep skips it)", run_dir, start_step)
+        return {}
     use_compile = should_compile(tcfg.compile, device, tcfg.max_steps)
     compiled = torch.compile(model) if use_compile else model
     train_model = compiled
@@ -273,7 +282,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         return elapsed_before + time.perf_counter() - loop_started
 
     # The loop.
-    last_checkpoint, skipped, metrics = resumed_from, 0, {}
+    last_checkpoint, skipped, metrics, last_finite_loss = resumed_from, 0, {}, None
     progress = tqdm(
         range(start_step, tcfg.max_steps),
         initial=start_step,
@@ -305,17 +314,25 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
             skipped += 1
             optimizer.zero_grad(set_to_none=True)
-            if tcfg.nan_policy != "skip" or skipped > tcfg.max_skipped_steps:
-                sinks.close()
-                raise TrainingDiverged(
-                    f"loss became {train_loss} (grad norm {grad_norm}) at step {done}. Last good checkpoint: "
-                    f"{last_checkpoint or 'none yet'}. Lower train.lr or raise train.warmup_steps and rerun, "
-                    "or set train.nan_policy=skip to skip such steps (up to train.max_skipped_steps)."
+            if tcfg.nan_policy == "skip" and skipped <= tcfg.max_skipped_steps:
+                log.warning(
+                    "step %d: non-finite loss, step skipped (%d of %d allowed)", done, skipped, tcfg.max_skipped_steps
                 )
-            log.warning(
-                "step %d: non-finite loss, step skipped (%d of %d allowed)", done, skipped, tcfg.max_skipped_steps
+                continue
+            if tcfg.nan_policy == "record":  # divergence is the run's result (a learning-rate sweep goes on)
+                metrics = {"step": done, "diverged": True, "train/loss": train_loss, "train/grad_norm": grad_norm}
+                metrics["train/last_finite_loss"] = last_finite_loss
+                sinks.log(metrics)
+                log.warning("step %d: the loss became %s; the run diverged and ends here (recorded)", done, train_loss)
+                break
+            sinks.close()
+            raise TrainingDiverged(
+                f"loss became {train_loss} (grad norm {grad_norm}) at step {done}. Last good checkpoint: "
+                f"{last_checkpoint or 'none yet'}. Lower train.lr or raise train.warmup_steps and rerun, "
+                "or set train.nan_policy=skip to skip such steps (up to train.max_skipped_steps), "
+                "or train.nan_policy=record to end the run with the divergence recorded."
             )
-            continue
+        last_finite_loss = train_loss
 
         stats_step = done % tcfg.stats_every == 0 or done == tcfg.max_steps
         metrics = {"step": done}

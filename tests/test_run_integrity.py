@@ -80,9 +80,10 @@ def test_an_allowed_change_resumes_and_is_recorded_without_replacing_the_record(
     schedule = SimpleNamespace(lr=0.01, min_lr_ratio=0.1, warmup_steps=2, max_steps=4)
     assert read_metrics(tmp_path)[-1]["train/lr"] == lr_at(3, schedule)  # the new schedule ran
 
-    # The accepted values are now the run's: the same command resumes again, with no permission.
-    run_tiny(tmp_path, cache_dir, 4, "train.lr=0.01", "train.log_every=2")
-    assert len(yaml.safe_load((tmp_path / "config.yaml").read_text())["resumes"]) == 2
+    # The accepted values are now the run's: the same command is accepted with no permission (and,
+    # the run being finished, trains and writes nothing).
+    assert run_tiny(tmp_path, cache_dir, 4, "train.lr=0.01", "train.log_every=2") == {}
+    assert len(yaml.safe_load((tmp_path / "config.yaml").read_text())["resumes"]) == 1
 
 
 def test_a_misspelled_permission_is_refused(tmp_path, cache_dir):

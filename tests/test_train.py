@@ -133,6 +133,30 @@ def test_nan_policy_skip_skips_the_step_and_continues(tmp_path, cache_dir, monke
     assert steps == [1, 2, 4, 5]
 
 
+def test_nan_policy_record_ends_the_run_and_a_rerun_keeps_the_result(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.setattr(transformer_module, "fused_linear_cross_entropy", _loss_that_turns_nan_at(3))
+    run_tiny(tmp_path, cache_dir, 6, "train.nan_policy=record")  # no exception: divergence is a result
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["diverged"] is True and rows[-1]["train/loss"] == "nan"
+    assert rows[-1]["train/last_finite_loss"] == rows[1]["train/loss"]
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert run_tiny(tmp_path, cache_dir, 6, "train.nan_policy=record") == {}  # rerun: nothing to train
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+
+
+def test_rerunning_a_finished_run_trains_nothing_and_writes_nothing(tmp_path, cache_dir):
+    run_tiny(tmp_path, cache_dir, 2)
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert run_tiny(tmp_path, cache_dir, 2) == {}
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+
+
+def test_unknown_nan_policy_is_refused(tmp_path, cache_dir):
+    with pytest.raises(train_script.ConfigError, match="nan_policy must be stop, skip or record"):
+        run_tiny(tmp_path, cache_dir, 1, "train.nan_policy=ignore")
+
+
 def test_wandb_offline_writes_a_run_in_the_run_directory(tmp_path, cache_dir, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run_tiny(tmp_path, cache_dir, 2, "logger=wandb", "logger.mode=offline")

@@ -139,7 +139,7 @@ class TrainConfig:
     stats_every: int = 50
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
-    nan_policy: str = "stop"  # stop | skip
+    nan_policy: str = "stop"  # stop (error) | skip (up to max_skipped_steps) | record (end the run, diverged: true)
     max_skipped_steps: int = 5
     perf_warmup_steps: int = 3  # steps left out of tokens/s and MFU (compilation, allocator warm-up)
     peak_flops: Optional[float] = None  # override the device's peak FLOP/s used for MFU

@@ -53,6 +53,20 @@ class MetricsFile:
         self.file.close()
 
 
+def diverged_step(path: Path) -> int | None:
+    """The step at which a run's metrics.jsonl records a divergence (train.nan_policy=record), if any."""
+    if not Path(path).is_file():
+        return None
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line
+        if row.get("diverged"):
+            return row["step"]
+    return None
+
+
 def _logged_in() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True

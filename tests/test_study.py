@@ -1,0 +1,60 @@
+"""The stability study's sweep mechanics: one command, resumable, divergence recorded as a result."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from tiny_runs import ROOT, read_metrics, tiny_overrides
+
+STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "study").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def _sweep(sweep_dir, cache_dir, *grid):
+    """The study's command on a tiny model and a small grid (grid overrides replace the experiment's)."""
+    overrides = [o for o in tiny_overrides(cache_dir, 3) if not o.startswith("train.max_steps")]
+    command = [sys.executable, "train.py", "-m", "+experiment=stability", *overrides, "train.max_steps=3", *grid]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [*command, f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def _contents(sweep_dir):
+    return {
+        p: p.read_bytes() for p in sweep_dir.rglob("*") if p.is_file() and p.name in ("metrics.jsonl", "config.yaml")
+    }
+
+
+def test_the_default_grid_names_every_variant_and_learning_rate():
+    experiment = yaml.safe_load((ROOT / "configs" / "experiment" / "stability.yaml").read_text())
+    params = experiment["hydra"]["sweeper"]["params"]
+    assert sorted(params["+study"].split(",")) == STUDY_VARIANTS
+    rates = [float(lr) for lr in params["train.lr"].split(",")]
+    assert len(rates) >= 5 and rates[0] <= 1e-3 and rates[-1] >= 1e-1  # well below to well above the default 3e-3
+    assert all(2.5 < b / a < 4 for a, b in zip(rates, rates[1:]))  # spaced by about 3x
+
+
+def test_sweep_runs_records_divergence_and_a_rerun_trains_nothing(tmp_path, cache_dir):
+    _sweep(tmp_path, cache_dir, "+study=rmsnorm,identity", "train.lr=0.001,10000.0")
+    runs = sorted(p.name for p in tmp_path.iterdir() if (p / "config.yaml").exists())
+    assert runs == [f"tiny-{v}-lr{lr}-s0" for v in ("identity", "rmsnorm") for lr in ("0.001", "10000.0")]
+    diverged = [r for r in runs if any(row.get("diverged") for row in read_metrics(tmp_path / r))]
+    assert "tiny-identity-lr10000.0-s0" in diverged  # no norm at a huge learning rate: NaN, recorded
+    assert not any("lr0.001" in r for r in diverged)
+    for run in diverged:
+        last = read_metrics(tmp_path / run)[-1]
+        assert last["diverged"] is True and isinstance(last["step"], int)
+
+    before = _contents(tmp_path)
+    rerun = _sweep(tmp_path, cache_dir, "+study=rmsnorm,identity", "train.lr=0.001,10000.0")
+    assert _contents(tmp_path) == before  # finished and diverged runs are skipped, nothing rewritten
+    assert "nothing to train" in rerun.stderr + rerun.stdout
