@@ -69,6 +69,11 @@ def load_run(path: Path) -> Run:
 
 
 def find_runs(inputs: list[str]) -> list[Run]:
+    """Every run (config.yaml and metrics.jsonl) at or under the given paths and globs."""
+    return [load_run(p) for p in find_run_dirs(inputs)]
+
+
+def find_run_dirs(inputs: list[str]) -> list[Path]:
     """Every run directory (one holding config.yaml) at or under the given paths and globs."""
     found: set[Path] = set()
     for pattern in inputs:
@@ -85,7 +90,7 @@ def find_runs(inputs: list[str]) -> list[Run]:
             f"no runs found under {', '.join(inputs)}: a run directory holds the config.yaml and "
             "metrics.jsonl that train.py writes"
         )
-    return [load_run(p) for p in sorted(found)]
+    return sorted(found)
 
 
 def check_comparable(runs: list[Run], metric: str) -> None:

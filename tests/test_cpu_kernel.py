@@ -155,3 +155,14 @@ def test_pointwise_norms_match_the_float64_reference_with_scalar_gradients(kind,
     for got, truth in zip(*results):
         tolerance = 1e-5 * max(1.0, truth.abs().max().item()) * (1 if got.numel() > 1 else x.numel() ** 0.5)
         assert (got.double() - truth).abs().max().item() <= tolerance
+
+
+def test_flush_denormals_reaches_every_thread():
+    """Subnormal floats are flushed to zero in torch's parallel ops too, not only on the calling thread.
+
+    Results are checked by their bits: with denormals off, comparisons already read subnormals as zero.
+    """
+    subnormal = torch.full((1 << 20,), 1, dtype=torch.int32).view(torch.float32)  # 1.4e-45, from its bits
+    assert cpu_ops.flush_denormals()
+    assert (subnormal * 1.0).view(torch.int32).count_nonzero() == 0  # read as zero, on every thread
+    assert (torch.full((1 << 20,), 1e-30) * 1e-9).view(torch.int32).count_nonzero() == 0  # results flushed

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import yaml
-from tiny_runs import ROOT, read_metrics, tiny_overrides
+from tiny_runs import ROOT, compose_config, read_metrics, tiny_overrides
 
 STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "study").glob("*.yaml"))
 
@@ -58,3 +58,11 @@ def test_sweep_runs_records_divergence_and_a_rerun_trains_nothing(tmp_path, cach
     rerun = _sweep(tmp_path, cache_dir, "+study=rmsnorm,identity", "train.lr=0.001,10000.0")
     assert _contents(tmp_path) == before  # finished and diverged runs are skipped, nothing rewritten
     assert "nothing to train" in rerun.stderr + rerun.stdout
+
+
+def test_the_gpu_grid_is_the_same_study_on_a_larger_model_with_three_seeds():
+    cfg = compose_config("+experiment=stability_gpu", "+study=rmsnorm_qk", "train.lr=0.01", "seed=2")
+    assert cfg.model.name == "gpu_25m" and cfg.norm.qk == "rmsnorm" and cfg.train.nan_policy == "record"
+    assert cfg.run_name == "gpu_25m-rmsnorm-qk-lr0.01-s2"
+    experiment = yaml.safe_load((ROOT / "configs" / "experiment" / "stability_gpu.yaml").read_text())
+    assert experiment["hydra"]["sweeper"]["params"]["seed"] == "0,1,2"

@@ -4,6 +4,6 @@ reference ops, with a warning, where it cannot be built."""
 
 from norms.cpu import pointwise
 from norms.cpu.pointwise import cpu_pointwise
-from norms.cpu.rms_norm import applies, available, cpu_rms_norm
+from norms.cpu.rms_norm import applies, available, cpu_rms_norm, flush_denormals
 
-__all__ = ["applies", "available", "cpu_pointwise", "cpu_rms_norm", "pointwise"]
+__all__ = ["applies", "available", "cpu_pointwise", "cpu_rms_norm", "flush_denormals", "pointwise"]
