@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from tiny_runs import ROOT, read_metrics, tiny_overrides
@@ -68,14 +69,27 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, overrides,
     assert got == pytest.approx(expected, rel=1e-5)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: torchrun starts its workers in sessions of their own, so a
+    killpg of torchrun's group does not reach them."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found
+
+
 def test_killed_ddp_run_resumes_exactly(tmp_path, overrides, ddp_run):
-    # torchrun and both workers share a new session, so one killpg reaches all three processes.
     process = subprocess.Popen(
-        _torchrun(overrides, tmp_path),
-        cwd=ROOT,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        _torchrun(overrides, tmp_path), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -84,8 +98,12 @@ def test_killed_ddp_run_resumes_exactly(tmp_path, overrides, ddp_run):
             break
         time.sleep(0.01)
     assert process.poll() is None, "the run finished before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
+    for pid in [process.pid, *_descendants(process.pid)]:  # torchrun and both workers, at once
+        os.kill(pid, signal.SIGKILL)
     process.wait()
+    killed_at = len(metrics.read_text().splitlines())
+    time.sleep(1)
+    assert len(metrics.read_text().splitlines()) == killed_at < STEPS  # nothing kept training
 
     assert "resuming from step" in _run(_torchrun(overrides, tmp_path))
     expected = {r["step"]: r["train/loss"] for r in read_metrics(ddp_run[0])}
