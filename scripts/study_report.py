@@ -165,6 +165,15 @@ def surviving_lrs(results: list[Result], baseline: str) -> tuple[float | None, f
     return highest, (above[0] if above else None)
 
 
+def _log_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot_attention_logits(results: list[Result], lrs: list[float], path: Path) -> dict[tuple[str, float], float]:
     """Max attention logit (over layers) against step; returns the last value per (variant, lr)."""
     plt = pyplot()
@@ -178,11 +187,7 @@ def plot_attention_logits(results: list[Result], lrs: list[float], path: Path) -
             if points:
                 ax.plot(*zip(*points), label=r.variant + (" (diverged)" if r.diverged_at else ""))
                 last[(r.variant, lr)] = points[-1][1]
-        ax.set_yscale("log")
-        ax.set_title(f"lr {lr:g}: largest pre-softmax attention logit (max over layers)")
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _log_axes(ax, "step", "attention logit", f"lr {lr:g}: largest pre-softmax attention logit (max over layers)")
     save(fig, path)
     return last
 
@@ -209,12 +214,7 @@ def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, 
         if rms:
             ax.plot(range(1, len(rms) + 1), rms, marker="o", label=r.variant)
             growth[r.variant] = rms[-1] / rms[0]
-    ax.set_yscale("log")
-    ax.set_xlabel("block (depth)")
-    ax.set_ylabel("residual stream RMS leaving the block")
-    ax.set_title(f"end of training, lr {lr:g}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _log_axes(ax, "block (depth)", "residual stream RMS leaving the block", f"end of training, lr {lr:g}")
     save(fig, depth_path)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -227,12 +227,8 @@ def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, 
         if by_step:
             steps = sorted(by_step)
             ax.plot(steps, [statistics.fmean(by_step[s]) for s in steps], label=r.variant)
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("feature kurtosis of the residual stream (mean over blocks)")
-    ax.set_title(f"outlier features (3 = none), lr {lr:g}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ylabel = "feature kurtosis of the residual stream (mean over blocks)"
+    _log_axes(ax, "step", ylabel, f"outlier features (3 = none), lr {lr:g}")
     save(fig, kurtosis_path)
     return growth
 
