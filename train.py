@@ -38,6 +38,7 @@ from training.checkpoint import (
 )
 from training.config import Config, build_model_config, register_configs
 from training.corpus import DataError
+from training.cpu_threads import use_thread_share
 from training.data import build_data
 from training.distributed import Distributed, init_distributed
 from training.evaluation import evaluate
@@ -180,6 +181,10 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         precision = resolve_precision(tcfg.precision, device)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    try:
+        cpu_threads, threads_why = use_thread_share(cfg.cpu_threads)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     autocast = autocast_context(precision, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -235,6 +240,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
         "norm_backend": norm_backends(model, device),
         "norm_roles": {name: norm.role for name, norm in model.norm_modules().items()},
         "device": str(device),
+        "cpu_threads": cpu_threads,
         "precision": precision,
         "world_size": dist.world_size,
         "grad_accum": accum,
@@ -254,7 +260,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             resume_entry.update(step=start_step, checkpoint=str(resumed_from) if resumed_from else None)
         sinks = open_sinks(cfg, run_dir, run_config, data, resume_entry)
         log.info(
-            "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d)%s",
+            "run %s: %s params, norm %s (%s), %s on %s x%d, %d CPU threads (%s), %d tokens/step (accum %d)%s",
             cfg.run_name,
             f"{runtime['params']:,}",
             cfg.variant,
@@ -262,6 +268,8 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             precision,
             device,
             dist.world_size,
+            cpu_threads,
+            threads_why,
             tokens_per_step,
             accum,
             f", resuming from step {start_step}" if resumed_from else "",
@@ -395,7 +403,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(Path(__file__).parent / "configs"), config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
         train(cfg, Path(HydraConfig.get().runtime.output_dir))
@@ -408,4 +416,8 @@ if __name__ == "__main__":
     if int(os.environ.get("RANK", "0")) > 0:
         # Under torchrun all ranks share one run directory; only rank 0 writes Hydra's files and log.
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    main()
+    # Hydra's joblib launcher pickles the task function for its worker processes; the copy in
+    # `__main__` would be pickled by value with everything it references, the module's by name.
+    from train import main as importable_main
+
+    importable_main()

@@ -166,6 +166,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     device: str = "auto"  # auto: cuda, else mps, else cpu
+    cpu_threads: Optional[int] = None  # None: this process's share of the cores (training/cpu_threads.py)
     # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
     variant: str = "${norm_variant:${norm.name},${norm.placement},${norm.qk},${norm.qk_axis},${norm.gain}}"
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"

@@ -32,6 +32,7 @@ FREE_KEYS = (
     "variant",  # a label derived from the norm keys
     "resume_with_changes",
     "device",
+    "cpu_threads",
     "logger",
     "data.cache_dir",
     "train.log_every",
