@@ -39,6 +39,7 @@ class Run:
     config: dict
     rows: list[dict]
     tokenizer_hash: str
+    torn_tail: bool = False  # the last line of metrics.jsonl was cut off (a run being written, or killed mid-line)
 
     def lookup(self, dotted: str):
         value = self.config
@@ -55,17 +56,41 @@ class Run:
         points = self.series(key)
         return points[-1][1] if points else None
 
+    def status(self) -> str:
+        """finished, diverged at step N, or the steps logged so far (still training, or stopped)."""
+        step = self.rows[-1].get("step", 0)
+        if any(row.get("diverged") for row in self.rows):
+            return f"diverged at step {step}"
+        max_steps = self.config.get("train", {}).get("max_steps")
+        return "finished" if step == max_steps else f"step {step} of {max_steps} (still training, or stopped)"
+
+
+def read_metrics(metrics: Path) -> tuple[list[dict], bool]:
+    """The rows of a metrics.jsonl and whether its last line was cut off (and left out).
+
+    A run being written can be read mid-line; a cut in any other line is damage, and refused.
+    """
+    lines = [line for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                return rows, True
+            raise RunsError(f"{metrics} line {number} is not JSON: the file is damaged; move the run aside") from None
+    return rows, False
+
 
 def load_run(path: Path) -> Run:
-    metrics = path / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    if not lines:
+    rows, torn = read_metrics(path / "metrics.jsonl")
+    if not rows:
         raise RunsError(f"run {path} has no metrics (metrics.jsonl is missing or empty); did its training start?")
     tokenizer = path / "tokenizer.json"
     digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest() if tokenizer.exists() else "unknown"
     config = yaml.safe_load((path / "config.yaml").read_text())
     config.setdefault("variant", config["norm"]["name"])  # runs from before placements: the norm was the variant
-    return Run(path, config, [json.loads(x) for x in lines], digest)
+    return Run(path, config, rows, digest, torn)
 
 
 def find_runs(inputs: list[str]) -> list[Run]:
@@ -266,7 +291,11 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     plot_throughput(groups, out / "throughput.png")
     plot_activations(groups, out / "activations.png")
     plot_gains(groups, out / "gains.png")
-    runs_list = "\n".join(f"- `{r.path}` ({group_by}={r.lookup(group_by)}, seed {r.config.get('seed')})" for r in runs)
+    runs_list = "\n".join(
+        f"- `{r.path}` ({group_by}={r.lookup(group_by)}, seed {r.config.get('seed')}, {r.status()}"
+        f"{'; its last metrics line was cut off and is left out' if r.torn_tail else ''})"
+        for r in runs
+    )
     summary = (
         f"# Run comparison, grouped by `{group_by}`\n\n{summary_table(groups, metric, baseline)}\n\n"
         f"Final {metric}: mean ± standard deviation over each group's runs (seeds pooled). "

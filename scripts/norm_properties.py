@@ -35,15 +35,18 @@ from norms import NORM_NAMES, build_norm, norm_class, norm_options, partial_rms_
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def registered_norms(dim: int) -> dict[str, Callable]:
+def registered_norms(dim: int, options: dict[str, dict] | None = None) -> dict[str, Callable]:
     """name -> f(x, eps=None) for every registered norm at its initial parameters (gains of one:
-    the gain does not change these properties), in float64; eps is passed to norms that take one."""
+    the gain does not change these properties), in float64; eps is passed to norms that take one.
+    ``options`` are per-norm constructor options, e.g. ``{"prmsnorm": {"k": 8}, "dyt": {"alpha_init": 2.0}}``."""
 
     def op(name):
         def f(x, eps=None):
-            options = {"eps": eps} if eps is not None and "eps" in norm_options(name) else {}
+            kwargs = dict((options or {}).get(name, {}))
+            if eps is not None and "eps" in norm_options(name):
+                kwargs["eps"] = eps
             with torch.no_grad():
-                return build_norm(name, dim, **options).double()(x)
+                return build_norm(name, dim, **kwargs).double()(x)
 
         return f
 
@@ -58,8 +61,13 @@ def _default_eps(name: str) -> float:
 def invariances(dim: int = 64, rows: int = 256, scale: float = 10.0, shift: float = 3.0) -> dict[str, dict]:
     torch.manual_seed(0)
     x = torch.randn(rows, dim, dtype=torch.float64)
+    return invariance_table(x, registered_norms(dim), scale, shift)
+
+
+def invariance_table(x: torch.Tensor, ops: dict[str, Callable], scale: float, shift: float) -> dict[str, dict]:
+    """Per norm, the max deviation of its output under scaling and shifting x (float64; see ``registered_norms``)."""
     table = {}
-    for name, f in registered_norms(dim).items():
+    for name, f in ops.items():
         eps = _default_eps(name)
         table[name] = {
             f"scale x{scale:g}, fixed eps": (f(scale * x) - f(x)).abs().max().item(),
@@ -82,6 +90,19 @@ def prefix_experiment() -> dict[str, list[float]]:
         name: [(partial_rms_norm(row, None, k) - rms_norm(row)).abs().max().item() for k in range(1, 9)]
         for name, row in PREFIX_ROWS.items()
     }
+
+
+def prefix_rms_error(x: torch.Tensor) -> list[float]:
+    """For k = 1..D, how far the RMS of the first k features is from the RMS of all D:
+    the mean over rows of |RMS(x[:k]) / RMS(x) - 1|, read off pRMSNorm's and RMSNorm's outputs
+    (each output's norm is sqrt(D) over the RMS it divided by)."""
+    x = x.double()
+    full = torch.linalg.vector_norm(rms_norm(x, eps=1e-300), dim=-1)
+    errors = []
+    for k in range(1, x.shape[-1] + 1):
+        partial = torch.linalg.vector_norm(partial_rms_norm(x, None, k, eps=1e-300), dim=-1)
+        errors.append((full / partial - 1).abs().mean().item())
+    return errors
 
 
 def offset_experiment(dim: int = 64, rows: int = 256) -> tuple[list[float], dict[str, dict[str, list[float]]]]:

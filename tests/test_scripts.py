@@ -8,6 +8,7 @@ import sys
 import compare_runs
 import norm_properties
 import pytest
+import torch
 from tiny_runs import ROOT, run_tiny
 
 from bench_norms import bytes_moved
@@ -88,6 +89,35 @@ def test_norm_properties_values():
     prefix = norm_properties.prefix_experiment()
     assert prefix["balanced prefix"][-1] == 0 and prefix["low-energy prefix"][-1] == 0  # k = D is RMSNorm
     assert prefix["low-energy prefix"][3] > 10 * prefix["balanced prefix"][3]
+
+
+def test_prefix_rms_error_by_hand():
+    # x = (3, 4, 0, 0): RMS 2.5; the first k features have RMS 3, sqrt(12.5), sqrt(25/3), 2.5.
+    errors = norm_properties.prefix_rms_error(torch.tensor([[3.0, 4.0, 0.0, 0.0]]))
+    expected = [3 / 2.5 - 1, math.sqrt(12.5) / 2.5 - 1, math.sqrt(25 / 3) / 2.5 - 1, 0.0]
+    assert errors == pytest.approx(expected, abs=1e-12)
+    rows = torch.tensor([[3.0, 4.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # the second row's prefix is exact
+    assert norm_properties.prefix_rms_error(rows) == pytest.approx([e / 2 for e in expected], abs=1e-12)
+
+
+def test_invariance_table_with_options():
+    x = torch.randn(4, 16, dtype=torch.float64)
+    ops = norm_properties.registered_norms(16, {"prmsnorm": {"k": 4}, "dyt": {"alpha_init": 2.0}})
+    assert torch.allclose(ops["prmsnorm"](x), x / x[:, :4].pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
+    assert torch.allclose(ops["dyt"](x), torch.tanh(2.0 * x))
+    table = norm_properties.invariance_table(x, ops, scale=10.0, shift=3.0)
+    assert table["layernorm"]["shift +3"] < 1e-12 and table["rmsnorm"]["shift +3"] > 0.1
+    assert table["prmsnorm"]["scale x10, eps x100"] < 1e-12
+
+
+def test_a_torn_last_metrics_line_is_left_out_and_a_torn_middle_line_refused(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "train/lo')
+    assert compare_runs.read_metrics(metrics) == ([{"step": 1}, {"step": 2}], True)
+    metrics.write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
+    with pytest.raises(compare_runs.RunsError, match="line 2 is not JSON"):
+        compare_runs.read_metrics(metrics)
+    assert compare_runs.read_metrics(tmp_path / "absent.jsonl") == ([], False)
 
 
 def test_norm_properties_writes_its_report(tmp_path):

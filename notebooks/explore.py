@@ -1,0 +1,575 @@
+"""The norm explorer: the norms live, your runs, and kernel speed on this machine.
+
+    marimo edit notebooks/explore.py                      # a notebook
+    marimo run notebooks/explore.py -- --runs runs/stability   # a read-only web app
+    python notebooks/explore.py --runs runs/stability     # every cell, headless
+
+Everything here is computed by normlab's own code: the norms library for the live panels,
+scripts/norm_properties.py for invariances and the prefix experiment, scripts/compare_runs.py
+for reading runs and the summary table, scripts/bench_norms.py for the kernel benchmark.
+"""
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium", app_title="normlab explorer")
+
+
+@app.cell
+def _():
+    import math
+    import sys
+    import time
+    from collections import defaultdict
+    from pathlib import Path
+
+    import marimo as mo
+    import plotly.graph_objects as go
+    import torch
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    ROOT = mo.notebook_dir().parent
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+    from compare_runs import RunsError, check_comparable, find_run_dirs, load_run, summary_table
+    from norm_properties import invariance_table, prefix_rms_error, registered_norms
+
+    from bench_norms import IMPLEMENTATIONS
+    from bench_norms import run as bench_norms_run
+
+    ARGS = mo.cli_args()
+    return (
+        ARGS,
+        IMPLEMENTATIONS,
+        Path,
+        ROOT,
+        RunsError,
+        bench_norms_run,
+        check_comparable,
+        defaultdict,
+        find_run_dirs,
+        go,
+        invariance_table,
+        load_run,
+        make_subplots,
+        math,
+        mo,
+        prefix_rms_error,
+        qualitative,
+        registered_norms,
+        summary_table,
+        time,
+        torch,
+    )
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(
+        """
+        # normlab explorer
+
+        1. **The norms, live**: one activation vector through every registered norm, with the invariances
+           measured on it and pRMSNorm's prefix experiment.
+        2. **Your runs**: curves, per-layer statistics and the summary table of a run or sweep folder.
+        3. **Kernel speed on this machine**: the norm benchmark at a size and dtype you choose.
+        """
+    )
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(
+        """
+        ## 1. The norms, live
+
+        A random vector, shifted, scaled and given one outlier feature (in red), through every
+        registered norm at its initial parameters.
+        """
+    )
+    return
+
+
+@app.cell
+def _(mo):
+    dim_slider = mo.ui.slider(8, 256, step=8, value=64, label="features D", show_value=True)
+    shift_slider = mo.ui.slider(-5.0, 5.0, step=0.25, value=1.0, label="mean shift", show_value=True)
+    log_scale_slider = mo.ui.slider(-2.0, 2.0, step=0.25, value=0.0, label="scale (log10)", show_value=True)
+    outlier_slider = mo.ui.slider(0, 50, step=1, value=10, label="outlier feature (x the RMS)", show_value=True)
+    alpha_slider = mo.ui.slider(0.05, 4.0, step=0.05, value=0.5, label="DyT / Derf alpha", show_value=True)
+    return alpha_slider, dim_slider, log_scale_slider, outlier_slider, shift_slider
+
+
+@app.cell
+def _(dim_slider, mo):
+    k_slider = mo.ui.slider(
+        1, dim_slider.value, value=max(1, dim_slider.value // 8), label="pRMSNorm k", show_value=True
+    )
+    return (k_slider,)
+
+
+@app.cell
+def _(alpha_slider, dim_slider, k_slider, log_scale_slider, mo, outlier_slider, shift_slider):
+    mo.hstack(
+        [
+            mo.vstack([dim_slider, shift_slider, log_scale_slider]),
+            mo.vstack([outlier_slider, k_slider, alpha_slider]),
+        ]
+    )
+    return
+
+
+@app.cell
+def _(alpha_slider, dim_slider, k_slider, log_scale_slider, outlier_slider, registered_norms, shift_slider, torch):
+    _generator = torch.Generator().manual_seed(0)
+    _base = torch.randn(dim_slider.value, generator=_generator, dtype=torch.float64)
+    outlier_index = dim_slider.value // 3
+    _base[outlier_index] += outlier_slider.value  # the base vector's RMS is about 1
+    activation = 10**log_scale_slider.value * _base + shift_slider.value
+    live_options = {
+        "prmsnorm": {"k": k_slider.value},
+        "dyt": {"alpha_init": alpha_slider.value},
+        "derf": {"alpha_init": alpha_slider.value},
+    }
+    live_norms = registered_norms(dim_slider.value, live_options)
+    live_outputs = {name: f(activation) for name, f in live_norms.items()}
+    return activation, live_norms, live_outputs, outlier_index
+
+
+@app.cell
+def _(activation, go, live_outputs, make_subplots, math, outlier_index):
+    _panels = {"input x": activation, **live_outputs}
+    _cols = 4
+    _rows = math.ceil(len(_panels) / _cols)
+    norms_figure = make_subplots(rows=_rows, cols=_cols, subplot_titles=list(_panels), vertical_spacing=0.12)
+    for _i, (_name, _y) in enumerate(_panels.items()):
+        _colors = ["crimson" if j == outlier_index else "steelblue" for j in range(len(_y))]
+        norms_figure.add_trace(
+            go.Bar(y=_y.tolist(), marker_color=_colors, name=_name, showlegend=False),
+            row=_i // _cols + 1,
+            col=_i % _cols + 1,
+        )
+    norms_figure.update_layout(height=260 * _rows, margin=dict(t=40, b=20))
+    norms_figure
+    return
+
+
+@app.cell
+def _(activation, invariance_table, live_norms, live_outputs, mo):
+    _table = invariance_table(activation.unsqueeze(0), live_norms, scale=10.0, shift=3.0)
+    _rows = [
+        {
+            "norm": name,
+            **{key: f"{value:.2e}" for key, value in deviations.items()},
+            "output RMS": f"{live_outputs[name].pow(2).mean().sqrt().item():.3f}",
+        }
+        for name, deviations in _table.items()
+    ]
+    mo.vstack(
+        [
+            mo.md(
+                "**Invariances, measured on this vector** (max |f(x') - f(x)|; 0 up to float64 rounding means "
+                "invariant). LayerNorm ignores a shift and, with eps scaled by a², a scale; RMSNorm and pRMSNorm "
+                "ignore the scale only; DyT and Derf ignore neither (no statistic), and identity nothing."
+            ),
+            mo.ui.table(_rows, selection=None, pagination=False),
+        ]
+    )
+    return
+
+
+@app.cell
+def _(activation, dim_slider, go, k_slider, mo, prefix_rms_error, torch):
+    _generator = torch.Generator().manual_seed(1)
+    _dim = dim_slider.value
+    _gaussian = torch.randn(256, _dim, generator=_generator, dtype=torch.float64)
+    # Outlier channels, as in trained LLMs: per-feature scales that are log-normal and shared by every row.
+    _channel_scales = torch.exp(1.5 * torch.randn(_dim, generator=_generator, dtype=torch.float64))
+    _inputs = {
+        "unstructured (i.i.d. Gaussian)": _gaussian,
+        "structured (log-normal channel scales)": _gaussian * _channel_scales,
+        "this vector": activation.unsqueeze(0),
+    }
+    _fractions = [k / _dim for k in range(1, _dim + 1)]
+    prefix_figure = go.Figure()
+    for _name, _x in _inputs.items():
+        prefix_figure.add_trace(go.Scatter(x=_fractions, y=prefix_rms_error(_x), mode="lines", name=_name))
+    prefix_figure.add_vline(x=k_slider.value / _dim, line_dash="dot", annotation_text=f"k = {k_slider.value}")
+    prefix_figure.update_layout(
+        title="pRMSNorm: how well the first k features estimate the RMS",
+        xaxis_title="k / D",
+        yaxis_title="mean |RMS(x[:k]) / RMS(x) - 1|",
+        yaxis_type="log",
+        height=380,
+    )
+    mo.vstack(
+        [
+            mo.as_html(prefix_figure),
+            mo.md(
+                "Unstructured features give the sampling error of a random subset; with outlier channels the "
+                "prefix misses (or over-weights) the large ones in every row alike, so the error does not average "
+                "out over tokens. Zhang & Sennrich report p = 6.25% working in their models; check it against the "
+                "kurtosis your runs log."
+            ),
+        ]
+    )
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md("""## 2. Your runs""")
+    return
+
+
+@app.cell
+def _(ARGS, ROOT, mo):
+    _default = str(ARGS.get("runs") or "runs")
+    runs_text = mo.ui.text(value=_default, label="run or sweep folder", full_width=True)
+    _start = ROOT / _default  # an absolute folder stays itself
+    runs_browser = mo.ui.file_browser(
+        initial_path=_start if _start.exists() else ROOT, selection_mode="directory", multiple=False
+    )
+    mo.vstack([runs_text, mo.accordion({"or pick a folder": runs_browser})])
+    return runs_browser, runs_text
+
+
+@app.cell
+def _(Path, ROOT, RunsError, find_run_dirs, load_run, mo, runs_browser, runs_text, time):
+    runs_folder = str(runs_browser.path(0)) if runs_browser.value else runs_text.value
+    if not Path(runs_folder).exists() and (ROOT / runs_folder).exists():  # relative to the project, not the cwd
+        runs_folder = str(ROOT / runs_folder)
+    _started = time.perf_counter()
+    try:
+        _dirs = find_run_dirs([runs_folder])
+    except RunsError as _err:
+        _dirs = []
+        mo.stop(True, mo.callout(mo.md(f"**No runs to show.** {_err}"), kind="warn"))
+    runs, skipped_runs = [], []
+    for _path in _dirs:
+        try:
+            runs.append(load_run(_path))
+        except (RunsError, OSError, ValueError) as _err:
+            skipped_runs.append(f"`{_path.name}`: {_err}")
+    load_seconds = time.perf_counter() - _started
+    mo.stop(
+        not runs,
+        mo.callout(
+            mo.md("**None of these runs can be read.**\n\n" + "\n".join(f"- {s}" for s in skipped_runs)), "danger"
+        ),
+    )
+    return load_seconds, runs, runs_folder, skipped_runs
+
+
+@app.cell
+def _(load_seconds, mo, runs, runs_folder, skipped_runs):
+    _notes = [f"- `{r.path.name}`: {r.status()}" for r in runs if r.status() != "finished"]
+    _notes += [f"- `{r.path.name}`: its last metrics line was cut off and is left out" for r in runs if r.torn_tail]
+    _notes += [f"- skipped {s}" for s in skipped_runs]
+    mo.vstack(
+        [
+            mo.md(f"Loaded **{len(runs)} runs** from `{runs_folder}` in {load_seconds:.2f} s."),
+            mo.callout(mo.md("\n".join(_notes)), kind="warn") if _notes else mo.md(""),
+        ]
+    )
+    return
+
+
+@app.cell
+def _(mo, runs):
+    FILTER_KEYS = ("variant", "norm.name", "norm.placement", "train.lr", "seed", "model.name")
+
+    def config_value(run, key):
+        value = run.config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return str(value)
+
+    _choices = {key: sorted({config_value(r, key) for r in runs}) for key in FILTER_KEYS}
+    run_filters = mo.ui.dictionary(
+        {key: mo.ui.multiselect(options=values, value=values, label=key) for key, values in _choices.items()}
+    )
+    group_by = mo.ui.dropdown(options=list(FILTER_KEYS), value="variant", label="group by")
+    return config_value, group_by, run_filters
+
+
+@app.cell
+def _(check_comparable, config_value, group_by, mo, run_filters, runs, RunsError):
+    selected_runs = [r for r in runs if all(config_value(r, k) in v for k, v in run_filters.value.items())]
+    try:
+        check_comparable(selected_runs, "val/loss")
+        tokenizer_note = None
+    except RunsError as _err:
+        tokenizer_note = str(_err)
+    _metrics = ["val/bpb"] if tokenizer_note else ["train/loss", "val/loss", "val/bpb"]
+    metric = mo.ui.dropdown(options=_metrics, value=_metrics[0], label="metric")
+    x_axis = mo.ui.radio(options=["step", "tokens", "wall-clock s"], value="step", label="against", inline=True)
+    mo.vstack(
+        [
+            mo.hstack(
+                [mo.vstack([run_filters[key] for key in run_filters.value]), mo.vstack([group_by, metric, x_axis])],
+                align="start",
+            ),
+            mo.callout(mo.md(f"**Loss curves are off.** {tokenizer_note}"), kind="warn")
+            if tokenizer_note
+            else mo.md(""),
+            mo.md(f"{len(selected_runs)} of {len(runs)} runs selected."),
+        ]
+    )
+    return metric, selected_runs, x_axis
+
+
+@app.cell
+def _(config_value, defaultdict, group_by, mo, qualitative, selected_runs):
+    mo.stop(not selected_runs, mo.callout(mo.md("No run matches the filters: select more values."), kind="warn"))
+    run_groups = defaultdict(list)
+    for _run in selected_runs:
+        run_groups[config_value(_run, group_by.value)].append(_run)
+    run_groups = dict(sorted(run_groups.items()))
+    group_colors = {name: qualitative.Plotly[i % 10] for i, name in enumerate(run_groups)}
+    return group_colors, run_groups
+
+
+@app.cell
+def _(go, group_colors, metric, run_groups, x_axis):
+    def x_values(run, steps):
+        if x_axis.value == "tokens":
+            return [s * run.config["runtime"]["global_batch_tokens"] for s in steps]
+        if x_axis.value == "wall-clock s":
+            clock = dict(run.series("perf/elapsed_s"))
+            return [clock.get(s) for s in steps]
+        return steps
+
+    curves_figure = go.Figure()
+    for _group, _runs in run_groups.items():
+        for _i, _run in enumerate(_runs):
+            _steps, _values = zip(*_run.series(metric.value)) if _run.series(metric.value) else ((), ())
+            curves_figure.add_trace(
+                go.Scatter(
+                    x=x_values(_run, list(_steps)),
+                    y=list(_values),
+                    mode="lines+markers" if len(_steps) < 30 else "lines",
+                    name=_run.path.name,
+                    legendgroup=_group,
+                    legendgrouptitle_text=_group if _i == 0 else None,
+                    line_color=group_colors[_group],
+                )
+            )
+    curves_figure.update_layout(title=f"{metric.value} against {x_axis.value}", height=450, yaxis_type="log")
+    curves_figure.update_xaxes(title=x_axis.value)
+    curves_figure
+    return
+
+
+@app.cell
+def _(mo, selected_runs):
+    stats_steps = sorted({row["step"] for run in selected_runs for row in run.rows if "act/layers.0/stream_rms" in row})
+    step_slider = (
+        mo.ui.slider(
+            steps=stats_steps, value=stats_steps[-1], label="statistics at step", full_width=True, show_value=True
+        )
+        if stats_steps
+        else None
+    )
+    step_slider if step_slider is not None else mo.callout(
+        mo.md("These runs log no per-layer statistics (`act/layers.<i>/stream_rms`): train with `train.stats_every`."),
+        kind="info",
+    )
+    return (step_slider,)
+
+
+@app.cell
+def _(go, group_colors, make_subplots, mo, run_groups, step_slider):
+    mo.stop(step_slider is None)
+
+    def layer_profile(run, stat, step):
+        """Layer index -> value of act/layers.<i>/<stat> (or attn/...) in the last row logged at or before step."""
+        rows = [r for r in run.rows if r["step"] <= step and f"{stat.format(0)}" in r]
+        if not rows:
+            return [], []
+        row, layers = rows[-1], []
+        while stat.format(len(layers)) in row:
+            layers.append(row[stat.format(len(layers))])
+        return list(range(len(layers))), layers
+
+    _panels = {
+        "residual-stream RMS": "act/layers.{}/stream_rms",
+        "residual-stream feature kurtosis": "act/layers.{}/stream_feature_kurtosis",
+        "largest attention logit": "attn/layers.{}/max_logit",
+    }
+    layers_figure = make_subplots(rows=1, cols=3, subplot_titles=list(_panels))
+    for _col, _stat in enumerate(_panels.values(), 1):
+        for _group, _runs in run_groups.items():
+            for _i, _run in enumerate(_runs):
+                _x, _y = layer_profile(_run, _stat, step_slider.value)
+                layers_figure.add_trace(
+                    go.Scatter(
+                        x=_x,
+                        y=_y,
+                        name=_run.path.name,
+                        legendgroup=_group,
+                        showlegend=_col == 1,
+                        line_color=group_colors[_group],
+                    ),
+                    row=1,
+                    col=_col,
+                )
+    layers_figure.update_yaxes(type="log")
+    layers_figure.update_xaxes(title="layer")
+    layers_figure.update_layout(
+        height=420, title=f"per layer at step {step_slider.value} (the last logged at or before)"
+    )
+    layers_figure
+    return
+
+
+@app.cell
+def _(go, group_colors, make_subplots, run_groups):
+    def median_of(run, key):
+        values = sorted(v for _, v in run.series(key))
+        return values[len(values) // 2] if values else None
+
+    speed_figure = make_subplots(rows=1, cols=2, subplot_titles=["tokens/s (median over steps)", "peak memory (GB)"])
+    for _group, _runs in run_groups.items():
+        for _col, _key in enumerate(("perf/tokens_per_sec", "perf/peak_mem_gb"), 1):
+            speed_figure.add_trace(
+                go.Bar(
+                    x=[r.path.name for r in _runs],
+                    y=[median_of(r, _key) for r in _runs],
+                    name=_group,
+                    marker_color=group_colors[_group],
+                    showlegend=_col == 1,
+                ),
+                row=1,
+                col=_col,
+            )
+    speed_figure.update_layout(height=380, barmode="group")
+    speed_figure.update_xaxes(showticklabels=False)
+    speed_figure
+    return
+
+
+@app.cell
+def _(mo, run_groups, tokenizer_note):
+    _metrics = ["val/bpb"] if tokenizer_note else ["val/loss", "val/bpb"]
+    summary_metric = mo.ui.dropdown(options=_metrics, value=_metrics[0], label="final metric")
+    _groups = list(run_groups)
+    baseline = mo.ui.dropdown(
+        options=_groups, value="rmsnorm" if "rmsnorm" in _groups else _groups[0], label="baseline"
+    )
+    return baseline, summary_metric
+
+
+@app.cell
+def _(baseline, mo, run_groups, summary_metric, summary_table):
+    mo.vstack(
+        [
+            mo.md("### Summary (as `scripts/compare_runs.py` writes it)"),
+            mo.hstack([summary_metric, baseline], justify="start"),
+            mo.md(summary_table(run_groups, summary_metric.value, baseline.value)),
+            mo.md(
+                "Final metric: mean ± standard deviation over each group's runs; Welch's t-test against the "
+                "baseline where both groups have two runs or more. Speed in this table comes from runs that may "
+                "have shared a machine: for speed claims use `scripts/bench_variants.py` (interleaved)."
+            ),
+        ]
+    )
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md("""## 3. Kernel speed on this machine""")
+    return
+
+
+@app.cell
+def _(ARGS, mo, torch):
+    _devices = ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
+    bench_dim = mo.ui.dropdown(
+        options=["512", "2048", "8192", "32768"], value=str(ARGS.get("bench-dim") or 2048), label="hidden size D"
+    )
+    bench_dtype = mo.ui.dropdown(options=["float32", "bfloat16"], value="float32", label="dtype")
+    bench_device = mo.ui.dropdown(options=_devices, value=_devices[0], label="device")
+    bench_mb = mo.ui.dropdown(
+        options=["1", "16", "64", "256"], value=str(ARGS.get("bench-mb") or 16), label="size of x (MB)"
+    )
+    bench_compiled = mo.ui.checkbox(label="also torch.compile each norm (a cold compile takes ~30 s per norm)")
+    bench_button = mo.ui.run_button(label="run the benchmark")
+    mo.vstack(
+        [
+            mo.hstack([bench_dim, bench_dtype, bench_device, bench_mb], justify="start"),
+            bench_compiled,
+            bench_button,
+        ]
+    )
+    return bench_button, bench_compiled, bench_device, bench_dim, bench_dtype, bench_mb
+
+
+@app.cell
+def _(
+    ARGS,
+    IMPLEMENTATIONS,
+    bench_button,
+    bench_compiled,
+    bench_device,
+    bench_dim,
+    bench_dtype,
+    bench_mb,
+    bench_norms_run,
+    mo,
+    torch,
+):
+    mo.stop(
+        not (bench_button.value or "bench" in ARGS),
+        mo.md("Press **run the benchmark**: every norm, forward and backward, in interleaved rounds (seconds on CPU)."),
+    )
+    _device = torch.device(bench_device.value)
+    _skip = () if bench_compiled.value else tuple(n for n in IMPLEMENTATIONS if n.startswith("compiled_"))
+    with mo.status.spinner(title="measuring..."):
+        bench_results, bench_skipped = bench_norms_run(
+            [int(bench_dim.value)],
+            [getattr(torch, bench_dtype.value)],
+            _device,
+            int(bench_mb.value),
+            reps=20 if _device.type == "cuda" else 5,
+            rounds=5,
+            skip=_skip,
+        )
+    return bench_results, bench_skipped
+
+
+@app.cell
+def _(bench_results, bench_skipped, go, make_subplots, mo, qualitative):
+    _copy = next(r for r in bench_results if r["impl"] == "copy")
+    _impls = [r["impl"] for r in bench_results if r["pass"] == "fwd+bwd"]
+    bench_figure = make_subplots(rows=1, cols=2, subplot_titles=["time (ms)", "bandwidth / copy bandwidth"])
+    for _pass, _color in zip(("fwd", "bwd", "fwd+bwd"), qualitative.Plotly):
+        _rows = [r for r in bench_results if r["pass"] == _pass]
+        for _col, _key in enumerate(("ms", "frac_of_copy"), 1):
+            _shown = [r for r in _rows if _col == 1 or r["impl"] != "identity"]  # identity moves no memory
+            bench_figure.add_trace(
+                go.Bar(
+                    x=[r["impl"] for r in _shown],
+                    y=[r[_key] for r in _shown],
+                    name=_pass,
+                    marker_color=_color,
+                    showlegend=_col == 1,
+                ),
+                row=1,
+                col=_col,
+            )
+    bench_figure.update_layout(
+        height=420,
+        barmode="group",
+        title=f"D = {_copy['dim']}, {_copy['dtype']}, {_copy['rows']} rows; copy: {_copy['gbps']:.1f} GB/s",
+    )
+    _skipped = "\n".join(f"- {name}: {why}" for name, why in bench_skipped.items())
+    mo.vstack([mo.as_html(bench_figure), mo.md(f"Not measured here:\n\n{_skipped}") if _skipped else mo.md("")])
+    return
+
+
+if __name__ == "__main__":
+    app.run()
