@@ -260,7 +260,7 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             resume_entry.update(step=start_step, checkpoint=str(resumed_from) if resumed_from else None)
         sinks = open_sinks(cfg, run_dir, run_config, data, resume_entry)
         log.info(
-            "run %s: %s params, norm %s (%s), %s on %s x%d, %d CPU threads (%s), %d tokens/step (accum %d)%s",
+            "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d), %d CPU threads (%s)%s",
             cfg.run_name,
             f"{runtime['params']:,}",
             cfg.variant,
@@ -268,10 +268,10 @@ def _train(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distribut
             precision,
             device,
             dist.world_size,
-            cpu_threads,
-            threads_why,
             tokens_per_step,
             accum,
+            cpu_threads,
+            threads_why,
             f", resuming from step {start_step}" if resumed_from else "",
         )
 

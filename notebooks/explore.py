@@ -66,29 +66,25 @@ def _():
 
 @app.cell(hide_code=True)
 def _(mo):
-    mo.md(
-        """
-        # normlab explorer
+    mo.md("""
+    # normlab explorer
 
-        1. **The norms, live**: one activation vector through every registered norm, with the invariances
-           measured on it and pRMSNorm's prefix experiment.
-        2. **Your runs**: curves, per-layer statistics and the summary table of a run or sweep folder.
-        3. **Kernel speed on this machine**: the norm benchmark at a size and dtype you choose.
-        """
-    )
+    1. **The norms, live**: one activation vector through every registered norm, with the invariances
+       measured on it and pRMSNorm's prefix experiment.
+    2. **Your runs**: curves, per-layer statistics and the summary table of a run or sweep folder.
+    3. **Kernel speed on this machine**: the norm benchmark at a size and dtype you choose.
+    """)
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
-    mo.md(
-        """
-        ## 1. The norms, live
+    mo.md("""
+    ## 1. The norms, live
 
-        A random vector, shifted, scaled and given one outlier feature (in red), through every
-        registered norm at its initial parameters.
-        """
-    )
+    A random vector, shifted, scaled and given one outlier feature (in red), through every
+    registered norm at its initial parameters.
+    """)
     return
 
 
@@ -99,7 +95,13 @@ def _(mo):
     log_scale_slider = mo.ui.slider(-2.0, 2.0, step=0.25, value=0.0, label="scale (log10)", show_value=True)
     outlier_slider = mo.ui.slider(0, 50, step=1, value=10, label="outlier feature (x the RMS)", show_value=True)
     alpha_slider = mo.ui.slider(0.05, 4.0, step=0.05, value=0.5, label="DyT / Derf alpha", show_value=True)
-    return alpha_slider, dim_slider, log_scale_slider, outlier_slider, shift_slider
+    return (
+        alpha_slider,
+        dim_slider,
+        log_scale_slider,
+        outlier_slider,
+        shift_slider,
+    )
 
 
 @app.cell
@@ -111,7 +113,15 @@ def _(dim_slider, mo):
 
 
 @app.cell
-def _(alpha_slider, dim_slider, k_slider, log_scale_slider, mo, outlier_slider, shift_slider):
+def _(
+    alpha_slider,
+    dim_slider,
+    k_slider,
+    log_scale_slider,
+    mo,
+    outlier_slider,
+    shift_slider,
+):
     mo.hstack(
         [
             mo.vstack([dim_slider, shift_slider, log_scale_slider]),
@@ -122,7 +132,16 @@ def _(alpha_slider, dim_slider, k_slider, log_scale_slider, mo, outlier_slider, 
 
 
 @app.cell
-def _(alpha_slider, dim_slider, k_slider, log_scale_slider, outlier_slider, registered_norms, shift_slider, torch):
+def _(
+    alpha_slider,
+    dim_slider,
+    k_slider,
+    log_scale_slider,
+    outlier_slider,
+    registered_norms,
+    shift_slider,
+    torch,
+):
     _generator = torch.Generator().manual_seed(0)
     _base = torch.randn(dim_slider.value, generator=_generator, dtype=torch.float64)
     outlier_index = dim_slider.value // 3
@@ -220,7 +239,9 @@ def _(activation, dim_slider, go, k_slider, mo, prefix_rms_error, torch):
 
 @app.cell(hide_code=True)
 def _(mo):
-    mo.md("""## 2. Your runs""")
+    mo.md("""
+    ## 2. Your runs
+    """)
     return
 
 
@@ -237,7 +258,17 @@ def _(ARGS, ROOT, mo):
 
 
 @app.cell
-def _(Path, ROOT, RunsError, find_run_dirs, load_run, mo, runs_browser, runs_text, time):
+def _(
+    Path,
+    ROOT,
+    RunsError,
+    find_run_dirs,
+    load_run,
+    mo,
+    runs_browser,
+    runs_text,
+    time,
+):
     runs_folder = str(runs_browser.path(0)) if runs_browser.value else runs_text.value
     if not Path(runs_folder).exists() and (ROOT / runs_folder).exists():  # relative to the project, not the cwd
         runs_folder = str(ROOT / runs_folder)
@@ -296,7 +327,15 @@ def _(mo, runs):
 
 
 @app.cell
-def _(check_comparable, config_value, group_by, mo, run_filters, runs, RunsError):
+def _(
+    RunsError,
+    check_comparable,
+    config_value,
+    group_by,
+    mo,
+    run_filters,
+    runs,
+):
     selected_runs = [r for r in runs if all(config_value(r, k) in v for k, v in run_filters.value.items())]
     try:
         check_comparable(selected_runs, "val/loss")
@@ -318,7 +357,7 @@ def _(check_comparable, config_value, group_by, mo, run_filters, runs, RunsError
             mo.md(f"{len(selected_runs)} of {len(runs)} runs selected."),
         ]
     )
-    return metric, selected_runs, x_axis
+    return metric, selected_runs, tokenizer_note, x_axis
 
 
 @app.cell
@@ -481,7 +520,9 @@ def _(baseline, mo, run_groups, summary_metric, summary_table):
 
 @app.cell(hide_code=True)
 def _(mo):
-    mo.md("""## 3. Kernel speed on this machine""")
+    mo.md("""
+    ## 3. Kernel speed on this machine
+    """)
     return
 
 
@@ -505,7 +546,14 @@ def _(ARGS, mo, torch):
             bench_button,
         ]
     )
-    return bench_button, bench_compiled, bench_device, bench_dim, bench_dtype, bench_mb
+    return (
+        bench_button,
+        bench_compiled,
+        bench_device,
+        bench_dim,
+        bench_dtype,
+        bench_mb,
+    )
 
 
 @app.cell

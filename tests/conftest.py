@@ -25,3 +25,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory):
+    """Two norms x two seeds of tiny runs made by train.py, laid out like a multirun sweep (read-only)."""
+    from tiny_runs import run_tiny
+
+    cache = str(tmp_path_factory.mktemp("cache"))
+    root = tmp_path_factory.mktemp("sweep")
+    for norm in ("rmsnorm", "layernorm"):
+        for seed in (0, 1):
+            run_tiny(root / f"{norm}-s{seed}", cache, 4, f"norm={norm}", f"seed={seed}")
+    return root

@@ -8,7 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from tiny_runs import ROOT, read_metrics, tiny_overrides
+
+from training.cpu_threads import available_cores
 
 STEPS = 40
 
@@ -60,6 +63,8 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, overrides,
     ddp, output = ddp_run
     assert "all 2 processes hold identical weights" in output
     assert "x2, 1024 tokens/step (accum 1)" in output
+    share = max(1, available_cores() // 2)  # two ranks on this machine
+    assert yaml.safe_load((ddp / "config.yaml").read_text())["runtime"]["cpu_threads"] == share
     _run([sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path}"])
 
     expected = [r["train/loss"] for r in read_metrics(tmp_path)]

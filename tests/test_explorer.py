@@ -10,20 +10,9 @@ import sys
 
 import pytest
 from screenshot_explorer import find_chromium, open_page, serve_explorer, wait_for_plots
-from tiny_runs import ROOT, read_metrics, run_tiny
+from tiny_runs import ROOT, read_metrics
 
 NOTEBOOK = ROOT / "notebooks" / "explore.py"
-
-
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """Two norms x two seeds of tiny runs made by train.py, laid out like a sweep."""
-    cache = str(tmp_path_factory.mktemp("cache"))
-    root = tmp_path_factory.mktemp("sweep")
-    for norm in ("rmsnorm", "layernorm"):
-        for seed in (0, 1):
-            run_tiny(root / f"{norm}-s{seed}", cache, 4, f"norm={norm}", f"seed={seed}")
-    return root
 
 
 def run_notebook(monkeypatch, *args):

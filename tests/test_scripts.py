@@ -9,23 +9,12 @@ import compare_runs
 import norm_properties
 import pytest
 import torch
-from tiny_runs import ROOT, run_tiny
+from tiny_runs import ROOT
 
 from bench_norms import bytes_moved
 from norms import NORM_NAMES
 
 PLOTS = ("loss.png", "throughput.png", "activations.png", "gains.png")
-
-
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """Two norms x two seeds of tiny runs, laid out like a multirun sweep."""
-    cache = str(tmp_path_factory.mktemp("cache"))
-    root = tmp_path_factory.mktemp("sweep")
-    for norm in ("rmsnorm", "layernorm"):
-        for seed in (0, 1):
-            run_tiny(root / f"{norm}-s{seed}", cache, 4, f"norm={norm}", f"seed={seed}")
-    return root
 
 
 def test_compare_runs_writes_every_plot_and_the_table(sweep, tmp_path):
