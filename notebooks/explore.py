@@ -308,14 +308,15 @@ def _(load_seconds, mo, runs, runs_folder, skipped_runs):
 
 
 @app.cell
-def _(mo, runs):
+def _(RunsError, mo, runs):
     FILTER_KEYS = ("variant", "norm.name", "norm.placement", "train.lr", "seed", "model.name")
 
     def config_value(run, key):
-        value = run.config
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        return str(value)
+        """The key's value as a filter option; "None" for runs made before the key existed."""
+        try:
+            return str(run.lookup(key))
+        except RunsError:
+            return "None"
 
     _choices = {key: sorted({config_value(r, key) for r in runs}) for key in FILTER_KEYS}
     run_filters = mo.ui.dictionary(
@@ -422,16 +423,6 @@ def _(mo, selected_runs):
 def _(go, group_colors, make_subplots, mo, run_groups, step_slider):
     mo.stop(step_slider is None)
 
-    def layer_profile(run, stat, step):
-        """Layer index -> value of act/layers.<i>/<stat> (or attn/...) in the last row logged at or before step."""
-        rows = [r for r in run.rows if r["step"] <= step and f"{stat.format(0)}" in r]
-        if not rows:
-            return [], []
-        row, layers = rows[-1], []
-        while stat.format(len(layers)) in row:
-            layers.append(row[stat.format(len(layers))])
-        return list(range(len(layers))), layers
-
     _panels = {
         "residual-stream RMS": "act/layers.{}/stream_rms",
         "residual-stream feature kurtosis": "act/layers.{}/stream_feature_kurtosis",
@@ -440,11 +431,11 @@ def _(go, group_colors, make_subplots, mo, run_groups, step_slider):
     layers_figure = make_subplots(rows=1, cols=3, subplot_titles=list(_panels))
     for _col, _stat in enumerate(_panels.values(), 1):
         for _group, _runs in run_groups.items():
-            for _i, _run in enumerate(_runs):
-                _x, _y = layer_profile(_run, _stat, step_slider.value)
+            for _run in _runs:
+                _y = _run.by_layer(_stat, step_slider.value)
                 layers_figure.add_trace(
                     go.Scatter(
-                        x=_x,
+                        x=list(range(len(_y))),
                         y=_y,
                         name=_run.path.name,
                         legendgroup=_group,
@@ -465,17 +456,13 @@ def _(go, group_colors, make_subplots, mo, run_groups, step_slider):
 
 @app.cell
 def _(go, group_colors, make_subplots, run_groups):
-    def median_of(run, key):
-        values = sorted(v for _, v in run.series(key))
-        return values[len(values) // 2] if values else None
-
     speed_figure = make_subplots(rows=1, cols=2, subplot_titles=["tokens/s (median over steps)", "peak memory (GB)"])
     for _group, _runs in run_groups.items():
         for _col, _key in enumerate(("perf/tokens_per_sec", "perf/peak_mem_gb"), 1):
             speed_figure.add_trace(
                 go.Bar(
                     x=[r.path.name for r in _runs],
-                    y=[median_of(r, _key) for r in _runs],
+                    y=[r.median(_key) for r in _runs],
                     name=_group,
                     marker_color=group_colors[_group],
                     showlegend=_col == 1,

@@ -15,13 +15,14 @@ order of float reductions). Nothing else may run on the machine meanwhile.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from compare_runs import find_run_dirs, load_run
 
 from training.cpu_threads import available_cores
 
@@ -40,11 +41,7 @@ def launch_modes(jobs: int, cores: int) -> dict[str, list[str]]:
 
 def final_val_losses(sweep_dir: Path) -> dict[str, float]:
     """Each run's last validation loss, by run folder name."""
-    losses = {}
-    for metrics in sweep_dir.glob("*/metrics.jsonl"):
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        losses[metrics.parent.name] = [row["val/loss"] for row in rows if "val/loss" in row][-1]
-    return losses
+    return {path.name: load_run(path).last("val/loss") for path in find_run_dirs([str(sweep_dir)])}
 
 
 def run_sweep(overrides: list[str], sweep_dir: Path) -> float:

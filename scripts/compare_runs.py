@@ -56,6 +56,21 @@ class Run:
         points = self.series(key)
         return points[-1][1] if points else None
 
+    def median(self, key: str) -> float | None:
+        points = self.series(key)
+        return statistics.median(v for _, v in points) if points else None
+
+    def by_layer(self, key: str, step: int | None = None) -> list[float]:
+        """``key`` for layers 0, 1, ... (``{}`` marks the index, e.g. ``act/layers.{}/stream_rms``), from
+        the last row that logged layer 0 at or before ``step`` (default: the last such row)."""
+        for row in reversed(self.rows):
+            if key.format(0) in row and (step is None or row["step"] <= step):
+                values = []
+                while key.format(len(values)) in row:
+                    values.append(row[key.format(len(values))])
+                return values
+        return []
+
     def status(self) -> str:
         """finished, diverged at step N, or the steps logged so far (still training, or stopped)."""
         step = self.rows[-1].get("step", 0)
@@ -245,7 +260,7 @@ def _mean_of_last(runs: list[Run], key: str) -> float | None:
 
 
 def _median_of(runs: list[Run], key: str) -> float | None:
-    values = [statistics.median(v for _, v in r.series(key)) for r in runs if r.series(key)]
+    values = [m for r in runs if (m := r.median(key)) is not None]
     return statistics.fmean(values) if values else None
 
 

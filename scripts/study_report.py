@@ -192,15 +192,6 @@ def plot_attention_logits(results: list[Result], lrs: list[float], path: Path) -
     return last
 
 
-def stream_rms_by_depth(run: Run) -> list[float]:
-    """act/layers.<i>/stream_rms at the last step that logged them, in layer order."""
-    for row in reversed(run.rows):
-        layers = {int(k.split("/")[1].split(".")[1]): v for k, v in row.items() if k.endswith("/stream_rms")}
-        if layers:
-            return [layers[i] for i in sorted(layers)]
-    return []
-
-
 def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, kurtosis_path: Path) -> dict:
     """The Peri-LN figure (stream RMS against depth) and feature kurtosis over training, at one learning rate."""
     plt = pyplot()
@@ -210,7 +201,7 @@ def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     growth = {}
     for r in chosen:
-        rms = stream_rms_by_depth(r.run)
+        rms = r.run.by_layer("act/layers.{}/stream_rms")  # at the last step that logged it
         if rms:
             ax.plot(range(1, len(rms) + 1), rms, marker="o", label=r.variant)
             growth[r.variant] = rms[-1] / rms[0]

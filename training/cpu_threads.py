@@ -1,8 +1,9 @@
 """Each training process's share of the CPU cores.
 
 Processes that together ask for more threads than there are cores do not each slow down in
-proportion: two 2-thread trainings on 2 cores ran about 10x slower than one, their OpenMP threads
-spinning while waiting for each other. So a process takes ``cores // processes`` threads, where the
+proportion, their OpenMP threads spinning while they wait for each other: on 2 cores, two
+2-thread trainings at once took 2.5-2.9x as long as the same runs one after another, and two
+1-thread ones 0.9x (scripts/bench_parallel_sweep.py). So a process takes ``cores // processes`` threads, where the
 processes are the jobs a parallel Hydra launcher runs at once times the ranks torchrun starts on
 this machine.
 """
