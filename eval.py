@@ -29,7 +29,7 @@ from training.config import DataConfig, register_configs
 from training.corpus import DataError
 from training.data import build_validation
 from training.evaluation import evaluate
-from training.layer_stats import probe_norms
+from training.probes import run_probes
 from training.runtime import autocast_context, resolve_device, resolve_precision
 from training.sinks import WandbSink
 
@@ -73,7 +73,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
     val, token_bytes = build_validation(data_cfg, seq_len, tokenizer)
 
     metrics = evaluate(model, val, token_bytes, cfg.batch_size, device, autocast)
-    metrics.update(probe_norms(model, val[: cfg.batch_size, :-1].to(device), autocast))
+    metrics.update(run_probes(model, val[: cfg.batch_size, :-1].to(device), autocast))
     prompt = torch.tensor([tokenizer.encode(cfg.prompt).ids] * cfg.num_samples, device=device)
     new_tokens = min(cfg.max_new_tokens, model.cfg.max_seq_len - prompt.shape[1])
     if new_tokens < cfg.max_new_tokens:
@@ -125,7 +125,9 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
     _write_json(out_dir / "eval.json", results)
     _print_table(results)
     if cfg.logger.name == "wandb":
-        sink = WandbSink(cfg.logger, out_dir, "eval", "eval", OmegaConf.to_container(cfg), job_type="eval")
+        sink = WandbSink(
+            cfg.logger, out_dir, "eval", "eval", OmegaConf.to_container(cfg, enum_to_str=True), job_type="eval"
+        )
         for result in results.values():
             sink.log({k: v for k, v in result.items() if isinstance(v, (int, float))})
         sink.close()

@@ -27,20 +27,15 @@ class KVCache:
         return self.keys[:, :, :end], self.values[:, :, :end]
 
 
-@torch.no_grad()
-def attention_stats(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """The largest pre-softmax logit and the mean attention entropy (nats) over allowed positions.
+class ScoresTap(nn.Module):
+    """Where the attention scores are formed: a no-op that hands the rotated q and k to forward hooks.
 
-    q is (batch, heads, seq, head_dim), k (batch, kv_heads, keys, head_dim), mask (seq, keys)
-    True where attending is allowed. The logit growth that Wortsman et al. (2023) show QK-norm
-    prevents is the first number; entropy collapse the second.
+    SDPA never materializes the scores; a probe that needs them (training/probes/attention.py)
+    hooks this module and computes them on its own pass, so training steps pay nothing.
     """
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    logits = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5
-    logits = logits.masked_fill(~mask, float("-inf"))
-    p = logits.softmax(dim=-1)
-    entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1)
-    return {"max_logit": logits.amax().item(), "entropy": entropy.mean().item()}
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, start_pos: int) -> None:
+        return None
 
 
 class Attention(nn.Module):
@@ -56,7 +51,7 @@ class Attention(nn.Module):
             self.k_norm = norm_for(cfg, "k", cfg.head_dim if per_head else cfg.n_kv_heads * cfg.head_dim)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
-        self.stats: dict[str, float] | None = None  # a probe sets a dict here to receive attention_stats
+        self.scores = ScoresTap()
 
     @property
     def has_qk_norm(self) -> bool:
@@ -99,9 +94,7 @@ class Attention(nn.Module):
         if start_pos > 0 and seq > 1:  # a chunk after cached tokens: causal within, full to the past
             mask = torch.ones(seq, start_pos + seq, dtype=torch.bool, device=x.device).tril(start_pos)
             is_causal = False
-        if self.stats is not None:
-            allowed = torch.ones(seq, start_pos + seq, dtype=torch.bool, device=x.device).tril(start_pos)
-            self.stats.update(attention_stats(q, k, allowed))
+        self.scores(q, k, start_pos)
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
         out = F.scaled_dot_product_attention(
             q,

@@ -5,8 +5,9 @@
     python notebooks/explore.py --runs runs/stability     # every cell, headless
 
 Everything here is computed by normlab's own code: the norms library for the live panels,
-scripts/norm_properties.py for invariances and the prefix experiment, scripts/compare_runs.py
-for reading runs and the summary table, scripts/bench_norms.py for the kernel benchmark.
+the analysis package for invariances and the prefix experiment (analysis.norm_properties),
+for reading runs and the summary table (analysis.runs, analysis.compare) and for the kernel
+benchmark (analysis.kernel_bench). Metric keys come from the probes' declarations (analysis.keys).
 """
 
 import marimo
@@ -18,7 +19,6 @@ app = marimo.App(width="medium", app_title="normlab explorer")
 @app.cell
 def _():
     import math
-    import sys
     import time
     from collections import defaultdict
     from pathlib import Path
@@ -30,23 +30,31 @@ def _():
     from plotly.subplots import make_subplots
 
     ROOT = mo.notebook_dir().parent
-    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-    from compare_runs import RunsError, check_comparable, find_run_dirs, load_run, summary_table
-    from norm_properties import invariance_table, prefix_rms_error, registered_norms
+    from analysis.compare import summary_table
+    from analysis.kernel_bench import IMPLEMENTATIONS
+    from analysis.kernel_bench import run as bench_norms_run
+    from analysis.keys import metric_key
+    from analysis.norm_properties import invariance_table, prefix_rms_error, registered_norms
+    from analysis.runs import RunsError, check_comparable, default_baseline, find_run_dirs, load_run
 
-    from bench_norms import IMPLEMENTATIONS
-    from bench_norms import run as bench_norms_run
+    LAYER_PANELS = {
+        "residual-stream RMS": metric_key("act/layers.{i}/stream_rms"),
+        "residual-stream feature kurtosis": metric_key("act/layers.{i}/stream_feature_kurtosis"),
+        "largest attention logit": metric_key("attn/layers.{i}/max_logit"),
+    }
 
     ARGS = mo.cli_args()
     return (
         ARGS,
         IMPLEMENTATIONS,
+        LAYER_PANELS,
         Path,
         ROOT,
         RunsError,
         bench_norms_run,
         check_comparable,
+        default_baseline,
         defaultdict,
         find_run_dirs,
         go,
@@ -403,8 +411,9 @@ def _(go, group_colors, metric, run_groups, x_axis):
 
 
 @app.cell
-def _(mo, selected_runs):
-    stats_steps = sorted({row["step"] for run in selected_runs for row in run.rows if "act/layers.0/stream_rms" in row})
+def _(LAYER_PANELS, mo, selected_runs):
+    _first = next(iter(LAYER_PANELS.values())).format(i=0)
+    stats_steps = sorted({row["step"] for run in selected_runs for row in run.rows if _first in row})
     step_slider = (
         mo.ui.slider(
             steps=stats_steps, value=stats_steps[-1], label="statistics at step", full_width=True, show_value=True
@@ -420,14 +429,10 @@ def _(mo, selected_runs):
 
 
 @app.cell
-def _(go, group_colors, make_subplots, mo, run_groups, step_slider):
+def _(LAYER_PANELS, go, group_colors, make_subplots, mo, run_groups, step_slider):
     mo.stop(step_slider is None)
 
-    _panels = {
-        "residual-stream RMS": "act/layers.{}/stream_rms",
-        "residual-stream feature kurtosis": "act/layers.{}/stream_feature_kurtosis",
-        "largest attention logit": "attn/layers.{}/max_logit",
-    }
+    _panels = LAYER_PANELS
     layers_figure = make_subplots(rows=1, cols=3, subplot_titles=list(_panels))
     for _col, _stat in enumerate(_panels.values(), 1):
         for _group, _runs in run_groups.items():
@@ -477,13 +482,11 @@ def _(go, group_colors, make_subplots, run_groups):
 
 
 @app.cell
-def _(mo, run_groups, tokenizer_note):
+def _(default_baseline, mo, run_groups, tokenizer_note):
     _metrics = ["val/bpb"] if tokenizer_note else ["val/loss", "val/bpb"]
     summary_metric = mo.ui.dropdown(options=_metrics, value=_metrics[0], label="final metric")
     _groups = list(run_groups)
-    baseline = mo.ui.dropdown(
-        options=_groups, value="rmsnorm" if "rmsnorm" in _groups else _groups[0], label="baseline"
-    )
+    baseline = mo.ui.dropdown(options=_groups, value=default_baseline(_groups), label="baseline")
     return baseline, summary_metric
 
 

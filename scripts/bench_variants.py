@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from analysis.runs import BASELINE, default_baseline
 from model import Transformer
+from model.blocks import BLOCKS
 from norms import NORM_NAMES
 from training.config import build_model_config, register_configs
 from training.optim import build_optimizer
@@ -36,14 +38,14 @@ from training.runtime import autocast_context, resolve_device, resolve_precision
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 register_configs()
-BASELINE = "norm=rmsnorm"
 
 
 def default_variants() -> list[str]:
     """Every registered norm pre-norm, then the baseline's other placements and QK-norm."""
+    base = f"norm={BASELINE}"
     variants = [f"norm={name}" for name in NORM_NAMES]
-    variants += [f"{BASELINE} norm.placement={placement}" for placement in ("post", "peri", "reordered")]
-    variants += [f"{BASELINE} norm.qk=rmsnorm", f"{BASELINE} norm.placement=reordered norm.qk=rmsnorm norm.qk_axis=all"]
+    variants += [f"{base} norm.placement={placement}" for placement in BLOCKS if placement != "pre"]
+    variants += [f"{base} norm.qk={BASELINE}", f"{base} norm.placement=reordered norm.qk={BASELINE} norm.qk_axis=all"]
     return variants
 
 
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(labels)) != len(labels):
         print(f"bench_variants: two variants are the same ({labels})", file=sys.stderr)
         return 1
-    baseline = labels[0] if "rmsnorm" not in labels else "rmsnorm"
+    baseline = default_baseline(labels)
     seq_len = cfg.train.seq_len or cfg.model.max_seq_len
     generator = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.randint(0, cfg.data.vocab_size, (cfg.train.batch_size, seq_len + 1), generator=generator)

@@ -1,17 +1,19 @@
-"""The scripts: compare_runs.py, norm_properties.py, bench_norms.py, bench_train.py."""
+"""The scripts (compare_runs.py, norm_properties.py, bench_norms.py, bench_train.py) and the analysis library behind them."""
 
 import json
 import math
 import subprocess
 import sys
 
-import compare_runs
-import norm_properties
 import pytest
 import torch
 from tiny_runs import ROOT
 
-from bench_norms import bytes_moved
+from analysis import compare as compare_runs
+from analysis import norm_properties
+from analysis.kernel_bench import bytes_moved
+from analysis.metrics import Metrics, MetricsFileError, read_metrics
+from analysis.stats import welch_p_value
 from norms import NORM_NAMES
 
 PLOTS = ("loss.png", "throughput.png", "activations.png", "gains.png")
@@ -44,8 +46,8 @@ def test_compare_runs_groups_by_any_config_key_and_takes_globs(sweep, tmp_path):
 def test_welch_p_value_by_hand():
     # a = [1, 3], b = [4, 6]: t = -3 / sqrt(2), df = 2; for df = 2, P(|T| > t) = 1 - t / sqrt(t^2 + 2).
     t = 3 / math.sqrt(2)
-    assert compare_runs.welch_p_value([1, 3], [4, 6]) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
-    assert compare_runs.welch_p_value([1.0], [2.0, 3.0]) is None
+    assert welch_p_value([1, 3], [4, 6]) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
+    assert welch_p_value([1.0], [2.0, 3.0]) is None
 
 
 def test_compare_runs_errors(sweep, tmp_path, capsys):
@@ -102,11 +104,14 @@ def test_invariance_table_with_options():
 def test_a_torn_last_metrics_line_is_left_out_and_a_torn_middle_line_refused(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "train/lo')
-    assert compare_runs.read_metrics(metrics) == ([{"step": 1}, {"step": 2}], True)
+    assert read_metrics(metrics) == Metrics([{"step": 1}, {"step": 2}], True)
     metrics.write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
-    with pytest.raises(compare_runs.RunsError, match="line 2 is not JSON"):
-        compare_runs.read_metrics(metrics)
-    assert compare_runs.read_metrics(tmp_path / "absent.jsonl") == ([], False)
+    with pytest.raises(MetricsFileError, match="line 2 is not JSON"):
+        read_metrics(metrics)
+    # Training's own checks read what a killed run left: every unreadable line, and rows without a step, skipped.
+    metrics.write_text('{"step": 1}\n{"step": 2\n{"note": 1}\n{"step": 3}\n{"step": 4, "tr')
+    assert read_metrics(metrics, damaged="skip") == Metrics([{"step": 1}, {"step": 3}], True)
+    assert read_metrics(tmp_path / "absent.jsonl") == Metrics([], False)
 
 
 def test_norm_properties_writes_its_report(tmp_path):

@@ -1,12 +1,31 @@
-"""scripts/study_report.py on synthetic study folders: the LR-sensitivity metric, divergences, skips, refusals."""
+"""scripts/study_report.py on synthetic study folders: the LR-sensitivity metric, divergences, skips,
+refusals, and claims declared as data."""
 
 import json
 import math
 
 import pytest
-import study_report
 import yaml
-from compare_runs import RunsError
+
+from analysis import study as study_report
+from analysis.runs import RunsError
+from analysis.stats import welch_p_value
+
+QK = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": "rmsnorm"}
+PRE = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": None}
+CLAIMS = [
+    {"claim": "QK-norm lowers LR sensitivity", "source": "Wortsman et al. 2023", "statistic": "lr_sensitivity",
+     "arm": QK, "against": PRE, "expect": "lower"},
+    {"claim": "QK-norm bounds the logits", "source": "Wortsman et al. 2023", "statistic": "max_attn_logit",
+     "arm": QK, "against": PRE, "expect": "lower"},
+    {"claim": "Peri-norm keeps the stream flat", "source": "Kim et al. 2025", "statistic": "stream_growth",
+     "arm": {**PRE, "norm.placement": "peri"}, "against": PRE, "expect": "lower"},
+    {"claim": "DyT matches RMSNorm", "source": "Zhu et al. 2025", "statistic": "best_loss",
+     "arm": {"norm.name": "dyt"}, "against": PRE, "expect": "similar", "margin": 0.05,
+     "not_tested": "the paper's recipe was not run"},
+    {"claim": "Post-norm is less stable", "source": "Xiong et al. 2020", "statistic": "lr_sensitivity",
+     "arm": {**PRE, "norm.placement": "post"}, "against": PRE, "expect": "higher"},
+]  # fmt: skip
 
 VOCAB = 4096
 L0 = math.log(VOCAB)
@@ -15,12 +34,15 @@ L0 = math.log(VOCAB)
 def _write_run(root, variant, lr, final_loss, seed=0, diverged_at=None, tokenizer="bpe-a", metrics=True):
     run = root / f"deep-{variant}-lr{lr}-s{seed}"
     run.mkdir(parents=True)
+    parts = variant.split("-")
+    placement = next((p for p in parts if p in ("post", "peri", "reordered")), "pre")
     config = {
         "variant": variant,
-        "norm": {"name": variant.split("-")[0]},
+        "norm": {"name": parts[0], "placement": placement, "qk": parts[0] if "qk" in parts else None},
         "seed": seed,
         "train": {"lr": lr},
         "runtime": {"vocab_size": VOCAB, "global_batch_tokens": 2048},
+        "claims": CLAIMS,
     }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     (run / "tokenizer.json").write_text(tokenizer)
@@ -81,12 +103,17 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     assert "identity" not in rows and "## Skipped" in report and "deep-identity-lr0.001-s0" in report
     # The attention panels: the baseline survives 0.01 and diverges at 0.1.
     assert "at lr 0.01 (the highest the baseline survives) and 0.1 (the next one up)" in report
-    # Conclusions follow the numbers: QK-norm is less sensitive here, peri-norm's stream flatter,
-    # and equal attention logits are not claimed to be smaller.
-    assert "Here its sensitivity is 0.467 against 1.773: agrees." in report
-    assert "ends at 20 against 20 (not smaller here)." in report
-    assert "pre-norm 3.00x, peri-norm 1.00x: agrees." in report
     assert "1 seed: no p-value" in report
+    # Claims, each evaluated from the arms its config fields pick: one seed gives numbers, no interval.
+    claims = {line.split("|")[1].strip(): line for line in report.splitlines() if "(expect " in line}
+    assert (
+        "0.467 vs 1.77 | -1.31 | – | **inconclusive** (one seed: no interval)"
+        in claims["QK-norm lowers LR sensitivity (expect lower)"]
+    )
+    assert "20 vs 20 | +0 |" in claims["QK-norm bounds the logits (expect lower)"]
+    assert "1 vs 3 | -2 |" in claims["Peri-norm keeps the stream flat (expect lower)"]
+    assert "**not tested** (the paper's recipe was not run)" in claims["DyT matches RMSNorm (expect similar)"]
+    assert "**not tested** (no variant in these runs has" in claims["Post-norm is less stable (expect higher)"]
 
 
 def test_seeds_give_welch_p_values(tmp_path):
@@ -96,7 +123,7 @@ def test_seeds_give_welch_p_values(tmp_path):
         _write_run(root, "layernorm", 0.01, b, seed=seed)
     summaries = study_report.summarize(study_report.load_results([str(root)], "val/loss")[0])
     assert summaries["layernorm"].best_mean - summaries["rmsnorm"].best_mean == pytest.approx(0.5)
-    assert study_report.welch_p_value(summaries["layernorm"].best_values, summaries["rmsnorm"].best_values) < 0.01
+    assert welch_p_value(summaries["layernorm"].best_values, summaries["rmsnorm"].best_values) < 0.01
 
 
 def test_mixed_tokenizers_are_refused_for_loss_but_not_for_bits_per_byte(tmp_path):
@@ -115,3 +142,23 @@ def test_no_runs_or_no_baseline_is_a_clear_error(tmp_path):
     _write_run(root, "dyt", 0.01, 4.0)
     with pytest.raises(RunsError, match="baseline 'rmsnorm' is not among the variants: dyt"):
         study_report.write_report([str(root)], tmp_path / "o2", "val/loss", None, "rmsnorm")
+
+
+def test_a_claim_with_seeds_gets_a_paired_interval_and_a_verdict(tmp_path):
+    """Three seeds: QK-norm's loss is lower at every rate in each seed (a seed-specific offset shared
+    by both arms), so its paired difference in best loss has an interval below zero."""
+    root = tmp_path / "seeds"
+    for seed, offset in enumerate([0.0, 0.3, -0.2]):
+        for lr, (base, qk) in {0.001: (5.0, 4.9), 0.01: (4.0, 3.8)}.items():
+            _write_run(root, "rmsnorm", lr, base + offset, seed=seed)
+            _write_run(root, "rmsnorm-qk", lr, qk + offset + 0.01 * seed, seed=seed)
+    results, _ = study_report.load_results([str(root)], "val/loss")
+    study = study_report.Study(results, "rmsnorm")
+    claim = study_report.Claim("QK-norm lowers the loss", "test", "best_loss", QK, PRE, "lower")
+    evaluated = study_report.evaluate_claim(claim, study)
+    assert (evaluated["arm"], evaluated["against"], evaluated["seeds"]) == ("rmsnorm-qk", "rmsnorm", 3)
+    assert evaluated["difference"] == pytest.approx(-0.19)
+    low, high = evaluated["ci95"]
+    assert -0.2 - 1e-9 <= low <= high < 0 and evaluated["p"] < 0.01 and evaluated["verdict"] == "agrees"
+    flipped = study_report.evaluate_claim(study_report.Claim("x", "test", "best_loss", QK, PRE, "higher"), study)
+    assert flipped["verdict"] == "disagrees"

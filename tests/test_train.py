@@ -14,12 +14,16 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrides
 
 import model.transformer as transformer_module
-import train as train_script
+import training.setup as training_setup
+from model import Transformer
 from norms import NORM_NAMES, build_norm
+from training.batches import plan_batches
 from training.checkpoint import load_checkpoint
-from training.config import RUN_NAME_KEYS
+from training.config import RUN_NAME_KEYS, ConfigError, build_model_config
+from training.nonfinite import TrainingDiverged
 from training.optim import build_optimizer, lr_at
 from training.run_record import overrides_tag
+from training.runtime import CPU_COMPILE_MIN_STEPS, should_compile
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +80,8 @@ def test_runs_differing_only_in_norm_start_from_the_same_weights(cache_dir):
     for norm in ("rmsnorm", "layernorm"):
         cfg = compose_config(*tiny_overrides(cache_dir, 1, f"norm={norm}"))
         torch.manual_seed(cfg.seed)
-        model_cfg = train_script.build_model_config(cfg, 4096)
-        states[norm] = {k: v for k, v in train_script.Transformer(model_cfg).state_dict().items() if "norm" not in k}
+        model_cfg = build_model_config(cfg, 4096)
+        states[norm] = {k: v for k, v in Transformer(model_cfg).state_dict().items() if "norm" not in k}
     assert all(torch.equal(states["rmsnorm"][k], states["layernorm"][k]) for k in states["rmsnorm"])
 
 
@@ -103,7 +107,7 @@ def test_cli_rejects_a_bad_key_before_training(tmp_path):
 
 
 def test_bad_norm_option_is_a_config_error(tmp_path, cache_dir):
-    with pytest.raises(train_script.ConfigError, match="prmsnorm.*k must be"):
+    with pytest.raises(ConfigError, match="prmsnorm.*k must be"):
         run_tiny(tmp_path, cache_dir, 1, "norm=prmsnorm", "norm.k=1000")
 
 
@@ -121,7 +125,7 @@ def _loss_that_turns_nan_at(call: int):
 
 def test_nan_loss_stops_and_names_step_and_checkpoint(tmp_path, cache_dir, monkeypatch):
     monkeypatch.setattr(transformer_module, "fused_linear_cross_entropy", _loss_that_turns_nan_at(3))
-    with pytest.raises(train_script.TrainingDiverged, match=r"at step 3\. Last good checkpoint: .*step_0000002\.pt"):
+    with pytest.raises(TrainingDiverged, match=r"at step 3\. Last good checkpoint: .*step_0000002\.pt"):
         run_tiny(tmp_path, cache_dir, 6)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # what was written is kept
 
@@ -152,9 +156,23 @@ def test_rerunning_a_finished_run_trains_nothing_and_writes_nothing(tmp_path, ca
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
-def test_unknown_nan_policy_is_refused(tmp_path, cache_dir):
-    with pytest.raises(train_script.ConfigError, match="nan_policy must be stop, skip or record"):
-        run_tiny(tmp_path, cache_dir, 1, "train.nan_policy=ignore")
+@pytest.mark.parametrize(
+    "override, allowed",
+    [
+        ("train.nan_policy=ignore", "[stop, skip, record]"),
+        ("norm.placement=sandwich", "[pre, post, peri, reordered]"),
+        ("norm.qk_axis=rows", "[head, all]"),
+        ("norm.gain=unit", "[standard, one_plus, none]"),
+        ("norm.roles.q.gain=unit", "[standard, one_plus, none]"),
+        ("train.precision=fp16", "[auto, fp32, bf16]"),
+        ("logger.mode=live", "[auto, online, offline, disabled]"),
+    ],
+)
+def test_a_choice_key_with_a_value_outside_its_choices_is_refused_at_composition(override, allowed):
+    with pytest.raises(ConfigCompositionException) as refused:
+        compose_config(override)
+    message = str(refused.value.__cause__)
+    assert f"expected one of {allowed}" in message and f"full_key: {override.split('=')[0]}" in message
 
 
 def test_wandb_offline_writes_a_run_in_the_run_directory(tmp_path, cache_dir, monkeypatch):
@@ -208,18 +226,16 @@ def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("norm.placement=sandwich", "choose one of: pre, post, peri, reordered"),
         ("norm.qk=batchnorm", "unknown norm 'batchnorm'"),
         ("norm.alpha_init=0.5", "'rmsnorm' does not take option\\(s\\) alpha_init"),
-        ("norm.gain=unit", "gain must be one of standard, one_plus, none"),
     ],
 )
 def test_bad_design_choices_fail_before_the_data_is_loaded(override, message, tmp_path, monkeypatch):
     def no_data(*args, **kwargs):
         raise AssertionError("the data was loaded before the config was checked")
 
-    monkeypatch.setattr(train_script, "build_data", no_data)
-    with pytest.raises(train_script.ConfigError, match=message):
+    monkeypatch.setattr(training_setup, "build_data", no_data)
+    with pytest.raises(ConfigError, match=message):
         run_tiny(tmp_path, str(tmp_path / "cache"), 1, override)
     assert not (tmp_path / "config.yaml").exists()
 
@@ -262,12 +278,12 @@ def test_multirun_sweeps_norms_and_placements(tmp_path, cache_dir):
 
 def test_plan_batches():
     cfg = SimpleNamespace(global_batch_tokens=None, batch_size=4)
-    assert train_script.plan_batches(cfg, 64, 1) == (4, 1)
+    assert plan_batches(cfg, 64, 1) == (4, 1)
     cfg = SimpleNamespace(global_batch_tokens=64 * 16, batch_size=4)
-    assert train_script.plan_batches(cfg, 64, 1) == (16, 4)
-    assert train_script.plan_batches(cfg, 64, 2) == (16, 2)
-    with pytest.raises(train_script.ConfigError, match="change train.batch_size or train.global_batch_tokens"):
-        train_script.plan_batches(SimpleNamespace(global_batch_tokens=64 * 6, batch_size=4), 64, 1)
+    assert plan_batches(cfg, 64, 1) == (16, 4)
+    assert plan_batches(cfg, 64, 2) == (16, 2)
+    with pytest.raises(ConfigError, match="change train.batch_size or train.global_batch_tokens"):
+        plan_batches(SimpleNamespace(global_batch_tokens=64 * 6, batch_size=4), 64, 1)
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -293,7 +309,7 @@ def test_weight_decay_only_on_matrices():
 
 def test_compile_by_default_on_gpus_and_long_cpu_runs():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert train_script.should_compile(None, cuda, 10)
-    assert not train_script.should_compile(None, cpu, 600)  # the default run: compiling would not pay back
-    assert train_script.should_compile(None, cpu, train_script.CPU_COMPILE_MIN_STEPS)
-    assert not train_script.should_compile(False, cuda, 10**6) and train_script.should_compile(True, cpu, 1)
+    assert should_compile(None, cuda, 10)
+    assert not should_compile(None, cpu, 600)  # the default run: compiling would not pay back
+    assert should_compile(None, cpu, CPU_COMPILE_MIN_STEPS)
+    assert not should_compile(False, cuda, 10**6) and should_compile(True, cpu, 1)

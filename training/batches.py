@@ -13,6 +13,7 @@ import hashlib
 import numpy as np
 import torch
 
+from training.config import ConfigError
 from training.corpus import DataError
 
 
@@ -38,6 +39,20 @@ class TrainBatches:
         starts = self.starts(step)[first : first + count].tolist()
         windows = torch.from_numpy(np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))
         return windows[:, :-1], windows[:, 1:]
+
+
+def plan_batches(train_cfg, seq_len: int, world_size: int) -> tuple[int, int]:
+    """(sequences per global batch, gradient-accumulation steps) from the configured global batch."""
+    global_tokens = train_cfg.global_batch_tokens or train_cfg.batch_size * seq_len
+    per_pass = train_cfg.batch_size * world_size
+    if global_tokens % seq_len or (global_tokens // seq_len) % per_pass:
+        raise ConfigError(
+            f"train.global_batch_tokens={global_tokens} must be a multiple of seq_len ({seq_len}) x "
+            f"train.batch_size ({train_cfg.batch_size}) x processes ({world_size}) = {per_pass * seq_len}; "
+            "change train.batch_size or train.global_batch_tokens"
+        )
+    global_batch = global_tokens // seq_len
+    return global_batch, global_batch // per_pass
 
 
 def validation_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ understood by every version we support).
 """
 
 import dataclasses
+import enum
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -15,12 +16,50 @@ from typing import Any, Dict, List, Optional  # noqa: UP035
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from analysis.claims import Claim
+from model.blocks import BLOCKS
 from model.config import ModelConfig
-from model.norm_roles import ROLES
-from norms import NORM_NAMES, norm_class, norm_options
+from model.norm_roles import QK_AXES, ROLES
+from norms import GAINS, NORM_NAMES, norm_class, norm_options
+from training.nonfinite import NAN_POLICIES
 from training.run_record import register_run_name_resolvers
+from training.runtime import PRECISIONS
+from training.sinks import WANDB_MODES
 
 # ruff: noqa: UP006, UP045
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key to change."""
+
+
+class Choice(str, enum.Enum):
+    """A config key with a fixed set of values, refused at composition with the allowed ones
+    (``Invalid value 'x', expected one of [...]``, with the key). Compares and prints as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _choice(name: str, values) -> type[Choice]:
+    return Choice(name, {value: value for value in values}, module=__name__)  # picklable by name (joblib sweeps)
+
+
+Placement = _choice("Placement", BLOCKS)  # the block variants of model/blocks.py
+QKAxis = _choice("QKAxis", QK_AXES)
+Gain = _choice("Gain", GAINS)
+NanPolicy = _choice("NanPolicy", NAN_POLICIES)
+Precision = _choice("Precision", PRECISIONS)
+WandbMode = _choice("WandbMode", WANDB_MODES)
+CHOICES = {"gain": Gain}  # norm options with a fixed set of values
+
+
+def plain(value):
+    """A Choice as its plain string (what checkpoints and records store), anything else as it is."""
+    return value.value if isinstance(value, Choice) else value
 
 
 def _norm_option_fields() -> list[tuple[str, Any, Any]]:
@@ -36,7 +75,7 @@ def _norm_option_fields() -> list[tuple[str, Any, Any]]:
             default = parameters[option].default
             types.setdefault(option, set()).update({type(default)} if default is not None else set())
     return [
-        (option, Optional[found.pop()] if len(found) == 1 else Any, field(default=None))
+        (option, Optional[CHOICES.get(option) or found.pop()] if len(found) == 1 else Any, field(default=None))
         for option, found in types.items()
     ]
 
@@ -44,7 +83,7 @@ def _norm_option_fields() -> list[tuple[str, Any, Any]]:
 def _set_options(options) -> Dict[str, Any]:
     """The options given a value (the others keep the norm type's default)."""
     return {
-        f.name: getattr(options, f.name)
+        f.name: plain(getattr(options, f.name))
         for f in dataclasses.fields(NormOptions)
         if getattr(options, f.name) is not None
     }
@@ -69,9 +108,9 @@ class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
     """
 
     name: str = MISSING  # the norm type, a registered name (norms/registry.py)
-    placement: str = "pre"  # pre | post | peri | reordered (model/blocks.py)
+    placement: Placement = Placement.pre  # type: ignore[valid-type]  # pre | post | peri | reordered (model/blocks.py)
     qk: Optional[str] = None  # a norm type for q and k inside attention (QK-norm), or null for none
-    qk_axis: str = "head"  # head: per attention head (Qwen3) | all: over all heads at once (OLMo 2)
+    qk_axis: QKAxis = QKAxis.head  # type: ignore[valid-type]  # head: per attention head (Qwen3) | all: over all heads (OLMo 2)
     roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
 
     def role_options(self) -> Dict[str, Dict[str, Any]]:
@@ -132,14 +171,14 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    precision: Precision = Precision.auto  # type: ignore[valid-type]  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     compile: Optional[bool] = None  # None: on for CUDA, and on CPU from train.CPU_COMPILE_MIN_STEPS steps
     log_every: int = 10
     eval_every: int = 100
     stats_every: int = 50
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
-    nan_policy: str = "stop"  # stop (error) | skip (up to max_skipped_steps) | record (end the run, diverged: true)
+    nan_policy: NanPolicy = NanPolicy.stop  # type: ignore[valid-type]  # stop (error) | skip (up to max_skipped_steps) | record (end the run, diverged: true)
     max_skipped_steps: int = 5
     perf_warmup_steps: int = 3  # steps left out of tokens/s and MFU (compilation, allocator warm-up)
     peak_flops: Optional[float] = None  # override the device's peak FLOP/s used for MFU
@@ -151,7 +190,7 @@ class LoggerConfig:
     name: str = "none"  # wandb | none
     project: str = "normlab"
     entity: Optional[str] = None
-    mode: str = "auto"  # auto | online | offline | disabled
+    mode: WandbMode = WandbMode.auto  # type: ignore[valid-type]  # auto | online | offline | disabled
     group: Optional[str] = None  # None: <model>-<norm>, so seeds of one setting sit together
     tags: List[str] = field(default_factory=list)
     init_timeout: float = 30.0  # seconds to wait for wandb online before falling back to offline
@@ -172,6 +211,8 @@ class Config:
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
+    # A study's claims (configs/experiment/): recorded with each run, read by scripts/study_report.py.
+    claims: List[Claim] = field(default_factory=list)
 
 
 @dataclass
@@ -189,7 +230,7 @@ class EvalConfig:
     top_k: Optional[int] = 50
     sample_seed: int = 0
     device: str = "auto"
-    precision: str = "auto"
+    precision: Precision = Precision.auto  # type: ignore[valid-type]
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
@@ -198,16 +239,16 @@ VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faste
 
 def build_model_config(cfg, vocab_size: int) -> ModelConfig:
     """The model config that a composed run config (and a tokenizer's vocabulary size) describe."""
-    shape = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "name"}
+    shape = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True).items() if k != "name"}
     shape["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
     norm = OmegaConf.to_object(cfg.norm)
     return ModelConfig(
         **shape,
         norm=norm.name,
         norm_options=norm.options(),
-        placement=norm.placement,
+        placement=plain(norm.placement),
         qk_norm=norm.qk,
-        qk_axis=norm.qk_axis,
+        qk_axis=plain(norm.qk_axis),
         norm_role_options=norm.role_options(),
     )
 

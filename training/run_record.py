@@ -31,6 +31,7 @@ FREE_KEYS = (
     "run_name",
     "variant",  # a label derived from the norm keys
     "resume_with_changes",
+    "claims",  # what a study's report says about its runs, not what a run computes
     "device",
     "cpu_threads",
     "logger",

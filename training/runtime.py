@@ -25,12 +25,15 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision not in ("auto", "fp32", "bf16"):
+    if precision not in PRECISIONS:
         raise ValueError(f"train.precision must be auto, fp32 or bf16, got {precision!r}")
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
-    return precision
+    return str(precision)
 
 
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -44,3 +47,16 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+# On CPU, torch.compile made training steps 5.6% faster (scripts/bench_train.py --compile: 12,263 vs
+# 11,612 tokens/s on the default model) after 15-40 s of compilation; it pays back after 2,000 to
+# 5,000 steps, so `train.compile: null` compiles CPU runs from this length on.
+CPU_COMPILE_MIN_STEPS = 5000
+
+
+def should_compile(setting: bool | None, device: torch.device, max_steps: int) -> bool:
+    """train.compile, or when null: always on CUDA, and on CPU for runs long enough to pay the compile back."""
+    if setting is not None:
+        return setting
+    return device.type == "cuda" or (device.type == "cpu" and max_steps >= CPU_COMPILE_MIN_STEPS)

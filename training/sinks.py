@@ -15,9 +15,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from analysis.metrics import read_metrics
 from training.atomic import atomic_write_text
+from training.run_record import append_resume, write_new_record
 
 log = logging.getLogger(__name__)
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
 class MetricsFile:
@@ -35,14 +39,8 @@ class MetricsFile:
         A half-written last line (the process was killed mid-write) is dropped too. The file
         is replaced atomically, so a kill now loses nothing.
         """
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line)["step"] <= step:
-                    kept.append(line)
-            except (json.JSONDecodeError, KeyError):
-                continue
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        kept = [row for row in read_metrics(self.path, damaged="skip").rows if row["step"] <= step]
+        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def log(self, metrics: dict[str, Any]) -> None:
         row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}
@@ -51,20 +49,6 @@ class MetricsFile:
 
     def close(self) -> None:
         self.file.close()
-
-
-def diverged_step(path: Path) -> int | None:
-    """The step at which a run's metrics.jsonl records a divergence (train.nan_policy=record), if any."""
-    if not Path(path).is_file():
-        return None
-    for line in Path(path).read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line
-        if row.get("diverged"):
-            return row["step"]
-    return None
 
 
 def _logged_in() -> bool:
@@ -80,7 +64,7 @@ class WandbSink:
     ) -> None:
         import wandb
 
-        mode = logger_cfg.mode
+        mode = str(logger_cfg.mode)
         if mode == "auto":
             mode = "online" if _logged_in() else "offline"
             if mode == "offline":
@@ -142,3 +126,18 @@ class Sinks:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def open_sinks(cfg, run_dir: Path, run_config: dict, data, resume: dict | None) -> Sinks:
+    """Record the run (or append this resume to its record), and open metrics.jsonl (and wandb when configured)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        write_new_record(run_dir, run_config)
+        (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
+    else:
+        append_resume(run_dir, resume, run_config["runtime"])
+    sinks = [MetricsFile(run_dir / "metrics.jsonl", resume_step=None if resume is None else resume["step"])]
+    if cfg.logger.name == "wandb":
+        group = cfg.logger.group or f"{cfg.model.name}-{cfg.variant}"
+        sinks.append(WandbSink(cfg.logger, run_dir, cfg.run_name, group, run_config))
+    return Sinks(sinks)

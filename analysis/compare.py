@@ -1,0 +1,221 @@
+"""Compare any training runs without wandb: plots and a Markdown summary, grouped by a config key.
+
+The library behind ``scripts/compare_runs.py``. Runs are grouped by a config key (the norm
+variant, e.g. ``rmsnorm-peri-qk``, by default) and seeds are pooled: curves show the mean over
+a group's runs with a band of one standard deviation. The summary compares each group's final
+validation metric with the baseline group's, with Welch's t-test when both have at least two runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from analysis.keys import instances, metric_key
+from analysis.plots import pyplot, save
+from analysis.runs import BASELINE, Run, RunsError, check_comparable, default_baseline, find_runs, group_runs
+from analysis.stats import welch_p_value
+
+NORM_IN_RMS = metric_key("act/{norm}/in_rms")
+NORM_IN_KURTOSIS = metric_key("act/{norm}/in_kurtosis")
+GAIN_MEAN = metric_key("act/{norm}/gain_mean")
+GAIN_STD = metric_key("act/{norm}/gain_std")
+TOKENS_PER_SEC = metric_key("perf/tokens_per_sec")
+MFU = metric_key("perf/mfu")
+ELAPSED = metric_key("perf/elapsed_s")
+PEAK_MEM = metric_key("perf/peak_mem_gb")
+NORM_TIME_FRAC = metric_key("perf/norm_time_frac")
+LOSS_CURVES = (metric_key("train/loss"), metric_key("val/loss"))
+
+DESCRIPTION = "Compare training runs without wandb: plots and a Markdown summary, grouped by norm variant."
+
+
+def mean_band(runs: list[Run], key: str, x_of=None) -> tuple[list[float], list[float], list[float]]:
+    """x, mean and std over runs of ``key``, at the steps every run logged (and ``x_of`` can place:
+    it returns None for a step it cannot, e.g. wall-clock time at an eval-only step)."""
+    by_step = [dict(r.series(key)) for r in runs]
+    steps = sorted(set.intersection(*(set(s) for s in by_step))) if by_step else []
+    if x_of:
+        steps = [step for step in steps if x_of(runs[0], step) is not None]
+    means = [statistics.fmean(s[step] for s in by_step) for step in steps]
+    stds = [statistics.pstdev([s[step] for s in by_step]) for step in steps]
+    xs = [x_of(runs[0], step) for step in steps] if x_of else steps
+    return xs, means, stds
+
+
+def _tokens(run: Run, step: int) -> float:
+    return step * run.config["runtime"]["global_batch_tokens"]
+
+
+def plot_losses(groups: dict[str, list[Run]], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for row, key in enumerate(LOSS_CURVES):
+        for col, (label, x_of) in enumerate((("step", None), ("tokens", _tokens), ("wall-clock s", None))):
+            ax = axes[row][col]
+            for name, runs in groups.items():
+                if label == "wall-clock s":
+                    if not all(r.series(ELAPSED) for r in runs):
+                        ax.text(0.5, 0.5, f"no {ELAPSED} logged", ha="center", transform=ax.transAxes)
+                        continue
+                    clock = [dict(r.series(ELAPSED)) for r in runs]
+                    x_of = lambda run, step, clock=clock: (  # noqa: E731
+                        statistics.fmean(c[step] for c in clock) if all(step in c for c in clock) else None
+                    )
+                xs, means, stds = mean_band(runs, key, x_of)
+                ax.plot(xs, means, label=f"{name} (n={len(runs)})")
+                ax.fill_between(
+                    xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)], alpha=0.2
+                )
+            ax.set_xlabel(label)
+            ax.set_ylabel(key)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    save(fig, path)
+
+
+def plot_throughput(groups: dict[str, list[Run]], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    names = list(groups)
+    for ax, key, label in ((axes[0], TOKENS_PER_SEC, "tokens/s"), (axes[1], MFU, "MFU")):
+        values = [[statistics.median(v for _, v in r.series(key)) for r in groups[n] if r.series(key)] for n in names]
+        ax.bar(
+            names,
+            [statistics.fmean(v) if v else 0 for v in values],
+            yerr=[statistics.pstdev(v) if len(v) > 1 else 0 for v in values],
+            capsize=4,
+        )
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    save(fig, path)
+
+
+def _norm_names(runs: list[Run]) -> list[str]:
+    keys = {k for r in runs for row in r.rows for k in row}
+    return sorted(instances(NORM_IN_RMS, keys, "norm"), key=_layer_order)
+
+
+def _layer_order(name: str) -> tuple[int, str]:
+    parts = name.split(".")
+    return (int(parts[1]), parts[2]) if parts[0] == "layers" else (10**9, name)
+
+
+def plot_activations(groups: dict[str, list[Run]], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(2, len(groups), figsize=(5 * len(groups), 7), squeeze=False)
+    for col, (name, runs) in enumerate(groups.items()):
+        for row, (stat, template) in enumerate((("in_rms", NORM_IN_RMS), ("in_kurtosis", NORM_IN_KURTOSIS))):
+            ax = axes[row][col]
+            for norm in _norm_names(runs):
+                xs, means, _ = mean_band(runs, template.format(norm=norm))
+                ax.plot(xs, means, label=norm)
+            ax.set_title(f"{name}: {stat.replace('in_', 'residual stream ')}")
+            ax.set_xlabel("step")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        axes[0][col].legend(fontsize=6)
+    save(fig, path)
+
+
+def plot_gains(groups: dict[str, list[Run]], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for name, runs in groups.items():
+        norms = _norm_names(runs)
+        for ax, (stat, template) in zip(axes, (("gain_mean", GAIN_MEAN), ("gain_std", GAIN_STD))):
+            values = [
+                statistics.fmean(v for r in runs if (v := r.last(template.format(norm=n))) is not None) for n in norms
+            ]
+            ax.plot(range(len(norms)), values, marker="o", label=name)
+            ax.set_xticks(range(len(norms)), norms, rotation=70, fontsize=7)
+            ax.set_ylabel(f"final {stat}")
+            ax.grid(alpha=0.3)
+    axes[0].legend()
+    save(fig, path)
+
+
+def _mean_of_last(runs: list[Run], key: str) -> float | None:
+    values = [v for r in runs if (v := r.last(key)) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _median_of(runs: list[Run], key: str) -> float | None:
+    values = [m for r in runs if (m := r.median(key)) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | None) -> str:
+    finals = {name: [v for r in runs if (v := r.last(metric)) is not None] for name, runs in groups.items()}
+    if baseline is not None and baseline not in groups:
+        raise RunsError(f"--baseline {baseline!r} is not one of the groups: {', '.join(groups)}")
+    base = finals.get(baseline, [])
+    lines = [
+        f"| group | runs | final {metric} | Δ vs {baseline} | Welch p | tokens/s | MFU | peak mem (GB) | time in norms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
+    for name, runs in groups.items():
+        values = finals[name]
+        mean = statistics.fmean(values) if values else None
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        delta = p = None
+        if base and values and name != baseline:
+            delta = mean - statistics.fmean(base)
+            p = welch_p_value(values, base)
+        p_text = "–" if p is None else f"{p:.3g}{' (significant at 0.05)' if p < 0.05 else ''}"
+        norm_frac = _mean_of_last(runs, NORM_TIME_FRAC)
+        lines.append(
+            f"| {name} | {len(runs)} | {fmt(mean, '.4f')} ± {std:.4f} | {fmt(delta, '+.4f')} | {p_text} | "
+            f"{fmt(_median_of(runs, TOKENS_PER_SEC), ',.0f')} | {fmt(_median_of(runs, MFU), '.1%')} | "
+            f"{fmt(_mean_of_last(runs, PEAK_MEM), '.2f')} | {fmt(norm_frac, '.1%')} |"
+        )
+    return "\n".join(lines)
+
+
+def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: str | None) -> Path:
+    runs = find_runs(inputs)
+    check_comparable(runs, metric)
+    groups = group_runs(runs, group_by)
+    if baseline is None:
+        baseline = default_baseline(groups)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_losses(groups, out / "loss.png")
+    plot_throughput(groups, out / "throughput.png")
+    plot_activations(groups, out / "activations.png")
+    plot_gains(groups, out / "gains.png")
+    runs_list = "\n".join(
+        f"- `{r.path}` ({group_by}={r.lookup(group_by)}, seed {r.config.get('seed')}, {r.status()}"
+        f"{'; its last metrics line was cut off and is left out' if r.torn_tail else ''})"
+        for r in runs
+    )
+    summary = (
+        f"# Run comparison, grouped by `{group_by}`\n\n{summary_table(groups, metric, baseline)}\n\n"
+        f"Final {metric}: mean ± standard deviation over each group's runs (seeds pooled). "
+        "Throughput, MFU and time in norms are medians over logged steps, averaged over runs.\n\n"
+        f"Plots: loss.png, throughput.png, activations.png, gains.png\n\nRuns:\n{runs_list}\n"
+    )
+    (out / "summary.md").write_text(summary)
+    return out / "summary.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=DESCRIPTION)
+    parser.add_argument("inputs", nargs="+", help="run directories, sweep directories or globs")
+    parser.add_argument("--out", type=Path, default=Path("comparison"))
+    parser.add_argument(
+        "--group-by", default="variant", help="a dotted config key (default: variant, e.g. rmsnorm-peri-qk)"
+    )
+    parser.add_argument("--metric", default="val/loss", help="final metric to compare (val/loss or val/bpb)")
+    parser.add_argument("--baseline", default=None, help=f"group to compare against (default: {BASELINE} if present)")
+    args = parser.parse_args(argv)
+    try:
+        summary = compare(args.inputs, args.out, args.group_by, args.metric, args.baseline)
+    except RunsError as err:
+        print(f"compare_runs: {err}", file=sys.stderr)
+        return 1
+    print(summary.read_text())
+    print(f"wrote {args.out}")
+    return 0

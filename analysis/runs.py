@@ -1,0 +1,141 @@
+"""Run directories as ``Run`` objects: their config, their metrics rows, their status, their groups.
+
+A run directory holds the config.yaml, metrics.jsonl and tokenizer.json that train.py writes;
+a sweep directory holds run directories (at any depth).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from analysis.metrics import MetricsFileError, diverged_step, read_metrics
+
+# The variant every comparison is made against unless told otherwise.
+BASELINE = "rmsnorm"
+
+
+class RunsError(ValueError):
+    """Runs that cannot be compared as asked; the message says why and what to do."""
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    rows: list[dict]
+    tokenizer_hash: str
+    torn_tail: bool = False  # the last line of metrics.jsonl was cut off (a run being written, or killed mid-line)
+
+    def lookup(self, dotted: str):
+        value = self.config
+        for part in dotted.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise RunsError(f"{self.path}/config.yaml has no key {dotted!r} to group by")
+            value = value[part]
+        return value
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
+
+    def last(self, key: str) -> float | None:
+        points = self.series(key)
+        return points[-1][1] if points else None
+
+    def median(self, key: str) -> float | None:
+        points = self.series(key)
+        return statistics.median(v for _, v in points) if points else None
+
+    def by_layer(self, template: str, step: int | None = None) -> list[float]:
+        """``template`` (e.g. ``act/layers.{i}/stream_rms``) for layers 0, 1, ..., from the last row that
+        logged layer 0 at or before ``step`` (default: the last such row)."""
+        for row in reversed(self.rows):
+            if template.format(i=0) in row and (step is None or row["step"] <= step):
+                return layer_values(row, template)
+        return []
+
+    @property
+    def diverged_at(self) -> int | None:
+        return diverged_step(self.rows)
+
+    def status(self) -> str:
+        """finished, diverged at step N, or the steps logged so far (still training, or stopped)."""
+        step = self.rows[-1].get("step", 0)
+        if self.diverged_at is not None:
+            return f"diverged at step {step}"
+        max_steps = self.config.get("train", {}).get("max_steps")
+        return "finished" if step == max_steps else f"step {step} of {max_steps} (still training, or stopped)"
+
+
+def layer_values(row: dict, template: str) -> list[float]:
+    """``template`` for layers 0, 1, ... as far as ``row`` logged them."""
+    values = []
+    while template.format(i=len(values)) in row:
+        values.append(row[template.format(i=len(values))])
+    return values
+
+
+def load_run(path: Path) -> Run:
+    try:
+        metrics = read_metrics(path / "metrics.jsonl")
+    except MetricsFileError as err:
+        raise RunsError(str(err)) from None
+    if not metrics.rows:
+        raise RunsError(f"run {path} has no metrics (metrics.jsonl is missing or empty); did its training start?")
+    tokenizer = path / "tokenizer.json"
+    digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest() if tokenizer.exists() else "unknown"
+    config = yaml.safe_load((path / "config.yaml").read_text())
+    config.setdefault("variant", config["norm"]["name"])  # runs from before placements: the norm was the variant
+    return Run(path, config, metrics.rows, digest, metrics.torn_tail)
+
+
+def find_runs(inputs: list[str]) -> list[Run]:
+    """Every run (config.yaml and metrics.jsonl) at or under the given paths and globs."""
+    return [load_run(p) for p in find_run_dirs(inputs)]
+
+
+def find_run_dirs(inputs: list[str]) -> list[Path]:
+    """Every run directory (one holding config.yaml) at or under the given paths and globs."""
+    found: set[Path] = set()
+    for pattern in inputs:
+        matches = [Path(p) for p in sorted(glob.glob(pattern))]
+        if not matches:
+            raise RunsError(f"{pattern!r} matches nothing")
+        for path in matches:
+            if (path / "config.yaml").exists():
+                found.add(path)
+            elif path.is_dir():
+                found.update(p.parent for p in path.rglob("config.yaml") if p.parent.name != ".hydra")
+    if not found:
+        raise RunsError(
+            f"no runs found under {', '.join(inputs)}: a run directory holds the config.yaml and "
+            "metrics.jsonl that train.py writes"
+        )
+    return sorted(found)
+
+
+def check_comparable(runs: list[Run], metric: str) -> None:
+    if metric.endswith("/loss") and len({r.tokenizer_hash for r in runs}) > 1:
+        raise RunsError(
+            "these runs use different tokenizers, so their losses are per token of different vocabularies "
+            "and do not compare. Compare bits per byte instead: --metric val/bpb"
+        )
+
+
+def group_runs(runs: list[Run], group_by: str) -> dict[str, list[Run]]:
+    """Runs by the value of a dotted config key, sorted by that value's text."""
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[str(run.lookup(group_by))].append(run)
+    return dict(sorted(groups.items()))
+
+
+def default_baseline(groups) -> str:
+    """``BASELINE`` when it is one of the groups, else the first group."""
+    return BASELINE if BASELINE in groups else next(iter(groups))

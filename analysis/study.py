@@ -1,0 +1,543 @@
+"""A learning-rate study's report: which norm variants train well over which rates, and what its claims show.
+
+The library behind ``scripts/study_report.py``:
+
+    python train.py -m +experiment=stability
+    python scripts/study_report.py runs/stability --out study/ --speed bench_out/variants/results.json
+
+In the style of Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training
+instabilities") and Peri-LN (Kim et al. 2025). Reads every run under the inputs (runs missing
+metrics are named and skipped) and writes into --out:
+
+- loss_vs_lr.png: final validation loss and bits per byte against learning rate, one curve per
+  variant, diverged runs marked at the initial loss;
+- report.md: per variant the best learning rate and loss (mean ± std over seeds, Welch's p
+  against the baseline from two seeds up), the LR sensitivity, divergences, the speed table when
+  --speed names a scripts/bench_variants.py result, and the claims the experiment config
+  declares (analysis/claims.py), each with its statistic, interval and verdict;
+- attention_logits.png: the largest attention logit against step, at the highest learning rate
+  the baseline survives and the next one up;
+- stream_rms_depth.png: the residual stream's RMS against depth at the end of training;
+- feature_kurtosis.png: the outlier-feature kurtosis of the residual stream over training.
+
+LR sensitivity (Wortsman et al., Sec. 3.1): the mean over the learning-rate grid of
+``min(final loss, initial loss) - best loss``, where a diverged run counts as the initial loss
+and the initial loss is that of the untrained model, ln(vocabulary size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis.claims import Claim, matches, verdict
+from analysis.keys import metric_key
+from analysis.plots import pyplot, save
+from analysis.runs import BASELINE, Run, RunsError, check_comparable, find_run_dirs, layer_values, load_run
+from analysis.stats import bootstrap_ci, paired_p_value, welch_p_value
+
+VAL_LOSS = metric_key("val/loss")
+VAL_BPB = metric_key("val/bpb")
+STREAM_RMS = metric_key("act/layers.{i}/stream_rms")
+STREAM_KURTOSIS = metric_key("act/layers.{i}/stream_feature_kurtosis")
+MAX_LOGIT = metric_key("attn/layers.{i}/max_logit")
+
+
+@dataclass
+class Result:
+    """One run of the grid, reduced to what the report needs."""
+
+    run: Run
+    variant: str
+    lr: float
+    seed: int
+    final: float | None  # the last logged value of the metric; None if the run never reached it
+    diverged_at: int | None
+
+    @property
+    def initial_loss(self) -> float:
+        return math.log(self.run.config["runtime"]["vocab_size"])
+
+
+def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str]]:
+    """The grid's runs, and messages naming the run folders that were skipped."""
+    results, skipped = [], []
+    for path in find_run_dirs(inputs):
+        try:
+            run = load_run(path)
+        except RunsError as err:
+            skipped.append(str(err))
+            continue
+        cfg = run.config
+        results.append(
+            Result(run, cfg["variant"], float(cfg["train"]["lr"]), cfg["seed"], run.last(metric), run.diverged_at)
+        )
+    if not results:
+        raise RunsError(f"no run under {', '.join(inputs)} has metrics to report on")
+    check_comparable([r.run for r in results], metric)
+    return results, skipped
+
+
+def capped_loss(result: Result) -> float:
+    """Wortsman et al.'s min(final loss, initial loss): a diverged or unfinished run counts as the initial loss."""
+    if result.diverged_at is not None or result.final is None:
+        return result.initial_loss
+    return min(result.final, result.initial_loss)
+
+
+def lr_sensitivity(losses_by_lr: dict[float, float]) -> float:
+    """Mean over the grid of (capped loss - best capped loss); 0 means equally good at every rate."""
+    best = min(losses_by_lr.values())
+    return statistics.fmean(loss - best for loss in losses_by_lr.values())
+
+
+@dataclass
+class VariantSummary:
+    variant: str
+    losses_by_lr: dict[float, float]  # mean capped loss over seeds
+    best_lr: float
+    best_values: list[float]  # per seed, at the best learning rate
+    sensitivity: float
+    diverged: list[float]  # learning rates at which some seed diverged
+
+    @property
+    def best_mean(self) -> float:
+        return statistics.fmean(self.best_values)
+
+    @property
+    def best_std(self) -> float:
+        return statistics.pstdev(self.best_values)
+
+
+def summarize(results: list[Result]) -> dict[str, VariantSummary]:
+    by_variant: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        by_variant[r.variant][r.lr].append(r)
+    summaries = {}
+    for variant, by_lr in sorted(by_variant.items()):
+        losses = {lr: statistics.fmean(capped_loss(r) for r in runs) for lr, runs in sorted(by_lr.items())}
+        best_lr = min(losses, key=losses.get)
+        summaries[variant] = VariantSummary(
+            variant,
+            losses,
+            best_lr,
+            [capped_loss(r) for r in by_lr[best_lr]],
+            lr_sensitivity(losses),
+            sorted(lr for lr, runs in by_lr.items() if any(r.diverged_at is not None for r in runs)),
+        )
+    return summaries
+
+
+def plot_loss_vs_lr(results: list[Result], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, label in ((axes[0], VAL_LOSS, "final validation loss (nats/token)"), (axes[1], VAL_BPB, "bpb")):
+        for variant in sorted({r.variant for r in results}):
+            runs = [r for r in results if r.variant == variant]
+            lrs = sorted({r.lr for r in runs})
+            means = []
+            for lr in lrs:
+                values = [r.run.last(key) for r in runs if r.lr == lr and r.diverged_at is None]
+                means.append(statistics.fmean(values) if values and None not in values else float("nan"))
+            (line,) = ax.plot(lrs, means, marker="o", label=variant)
+            if key == VAL_LOSS:
+                diverged = sorted({r.lr for r in runs if r.diverged_at is not None})
+                ax.scatter(diverged, [runs[0].initial_loss] * len(diverged), marker="x", s=80, color=line.get_color())
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("x: diverged (plotted at the initial loss)")
+    axes[0].legend(fontsize=8, loc="center left")  # clear of the diverged marks along the top
+    save(fig, path)
+
+
+def _over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]:
+    """(step, ``reduce`` over layers of ``template``) for every row that logged layer 0."""
+    return [(row["step"], reduce(values)) for row in run.rows if (values := layer_values(row, template))]
+
+
+def surviving_lrs(results: list[Result], baseline: str) -> tuple[float | None, float | None]:
+    """The highest learning rate at which the baseline did not diverge, and the next one up (or None)."""
+    lrs = sorted({r.lr for r in results})
+    survived = [lr for lr in lrs if all(r.diverged_at is None for r in results if r.variant == baseline and r.lr == lr)]
+    highest = max(survived) if survived else None
+    above = [lr for lr in lrs if highest is not None and lr > highest]
+    return highest, (above[0] if above else None)
+
+
+def _log_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def plot_attention_logits(results: list[Result], lrs: list[float], path: Path) -> None:
+    """Max attention logit (over layers) against step, one panel per learning rate."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs), 4.5), squeeze=False)
+    for ax, lr in zip(axes[0], lrs):
+        for r in sorted(
+            (r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.variant
+        ):
+            points = _over_layers(r.run, MAX_LOGIT)
+            if points:
+                ax.plot(*zip(*points), label=r.variant + (" (diverged)" if r.diverged_at else ""))
+        _log_axes(ax, "step", "attention logit", f"lr {lr:g}: largest pre-softmax attention logit (max over layers)")
+    save(fig, path)
+
+
+def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, kurtosis_path: Path) -> None:
+    """The Peri-LN figure (stream RMS against depth) and feature kurtosis over training, at one learning rate."""
+    plt = pyplot()
+    chosen = sorted(
+        (r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.variant
+    )
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in chosen:
+        rms = r.run.by_layer(STREAM_RMS)  # at the last step that logged it
+        if rms:
+            ax.plot(range(1, len(rms) + 1), rms, marker="o", label=r.variant)
+    _log_axes(ax, "block (depth)", "residual stream RMS leaving the block", f"end of training, lr {lr:g}")
+    save(fig, depth_path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in chosen:
+        points = _over_layers(r.run, STREAM_KURTOSIS, statistics.fmean)
+        if points:
+            ax.plot(*zip(*points), label=r.variant)
+    ylabel = "feature kurtosis of the residual stream (mean over blocks)"
+    _log_axes(ax, "step", ylabel, f"outlier features (3 = none), lr {lr:g}")
+    save(fig, kurtosis_path)
+
+
+def speed_table(path: Path | None, variants: list[str]) -> str:
+    if path is None:
+        return (
+            "No speed measurement was given (--speed). Measure the variants by interleaving them in one "
+            "process with `python scripts/bench_variants.py` and pass its results.json."
+        )
+    data = json.loads(Path(path).read_text())
+    meta = data["meta"]
+    lines = [
+        f"From `scripts/bench_variants.py` ({meta['rounds']} interleaved rounds of {meta['steps']} steps, model "
+        f"{meta['model']}, {meta['device']}):",
+        "",
+        f"| variant | tokens/s (median) | vs {meta['baseline']} (median) | min – max |",
+        "|---|---|---|---|",
+    ]
+    for row in data["rows"]:
+        if row["variant"] in variants:
+            lines.append(
+                f"| {row['variant']} | {row['tokens_per_sec']:,.0f} | {row['ratio']:.3f} | "
+                f"{row['ratio_min']:.3f} – {row['ratio_max']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+# A variant whose best loss stays this far (nats) above the baseline's did not really train at any
+# rate, and its LR sensitivity is low only because every rate is equally poor.
+UNTRAINED_GAP = 0.5
+
+
+class Study:
+    """The grid's results, per variant, with statistics that can be taken over any multiset of seeds
+    (so a bootstrap over seeds resamples whole seeds, keeping runs of one seed paired)."""
+
+    def __init__(self, results: list[Result], baseline: str) -> None:
+        self.results = results
+        self.summaries = summarize(results)
+        if baseline not in self.summaries:
+            raise RunsError(f"the baseline {baseline!r} is not among the variants: {', '.join(self.summaries)}")
+        self.baseline = baseline
+        self.cells: dict[tuple[str, float, int], Result] = {(r.variant, r.lr, r.seed): r for r in results}
+        self.seeds = sorted({r.seed for r in results})
+        self.lrs = sorted({r.lr for r in results})
+        base = self.summaries[baseline]
+        self.untrained = {v for v, s in self.summaries.items() if s.best_mean - base.best_mean > UNTRAINED_GAP}
+        self.survived_lr, self.lr_above = surviving_lrs(results, baseline)
+
+    def config(self, variant: str) -> dict:
+        return next(r.run for r in self.results if r.variant == variant).config
+
+    def variant_with(self, fields: dict) -> str | None:
+        """The one variant whose runs have every config value in ``fields`` (None if none; refused if several)."""
+
+        def lookup(config):
+            def get(dotted):
+                value = config
+                for part in dotted.split("."):
+                    value = value[part]
+                return value
+
+            return get
+
+        found = [v for v in self.summaries if matches(lookup(self.config(v)), fields)]
+        if len(found) > 1:
+            raise RunsError(f"the claim's arm {fields} matches several variants ({', '.join(found)}): name more fields")
+        return found[0] if found else None
+
+    def _runs(self, variant: str, lr: float, seeds) -> list[Result]:
+        return [self.cells[(variant, lr, s)] for s in seeds if (variant, lr, s) in self.cells]
+
+    def lr_sensitivity(self, variant: str, seeds) -> float | None:
+        losses = {
+            lr: statistics.fmean(capped_loss(r) for r in runs)
+            for lr in self.lrs
+            if (runs := self._runs(variant, lr, seeds))
+        }
+        return lr_sensitivity(losses) if losses else None
+
+    def best_loss(self, variant: str, seeds) -> float | None:
+        runs = self._runs(variant, self.summaries[variant].best_lr, seeds)
+        return statistics.fmean(capped_loss(r) for r in runs) if runs else None
+
+    def stream_growth(self, variant: str, seeds) -> float | None:
+        """Last-block over first-block stream RMS at the end of training, at the baseline's best rate."""
+        ratios = [
+            rms[-1] / rms[0]
+            for r in self._runs(variant, self.summaries[self.baseline].best_lr, seeds)
+            if (rms := r.run.by_layer(STREAM_RMS))
+        ]
+        return statistics.fmean(ratios) if ratios else None
+
+    def max_attn_logit(self, variant: str, seeds) -> float | None:
+        """The largest attention logit (over layers) at the last stats step, at the highest rate the baseline survives."""
+        if self.survived_lr is None:
+            return None
+        values = [
+            points[-1][1]
+            for r in self._runs(variant, self.survived_lr, seeds)
+            if (points := _over_layers(r.run, MAX_LOGIT))
+        ]
+        return statistics.fmean(values) if values else None
+
+
+# name -> Study method; a claim's `statistic` is one of these.
+STATISTICS: dict[str, Callable] = {
+    "lr_sensitivity": Study.lr_sensitivity,
+    "best_loss": Study.best_loss,
+    "stream_growth": Study.stream_growth,
+    "max_attn_logit": Study.max_attn_logit,
+}
+
+
+def evaluate_claim(claim: Claim, study: Study) -> dict:
+    """The claim with both arms' statistic, their paired difference (95% bootstrap interval over
+    seeds, paired t-test p-value) and the verdict that the interval supports."""
+    if claim.statistic not in STATISTICS:
+        raise RunsError(f"claim {claim.claim!r}: unknown statistic {claim.statistic!r}; one of {', '.join(STATISTICS)}")
+    result = {"claim": claim.claim, "source": claim.source, "statistic": claim.statistic, "expect": claim.expect}
+    arm, against = study.variant_with(claim.arm), study.variant_with(claim.against)
+    result.update(arm=arm, against=against)
+    if claim.not_tested:
+        return {**result, "verdict": "not tested", "why": claim.not_tested}
+    missing = [str(fields) for fields, v in ((claim.arm, arm), (claim.against, against)) if v is None]
+    if missing:
+        return {**result, "verdict": "not tested", "why": f"no variant in these runs has {' or '.join(missing)}"}
+    untrained = sorted({arm, against} & study.untrained)
+    if untrained:
+        why = f"{', '.join(untrained)} did not train at any rate here, so the study cannot show this"
+        return {**result, "verdict": "not tested", "why": why}
+    stat = STATISTICS[claim.statistic]
+    seeds = [s for s in study.seeds if stat(study, arm, [s]) is not None and stat(study, against, [s]) is not None]
+    if not seeds:
+        return {**result, "verdict": "not tested", "why": f"no seed has {claim.statistic} for both arms"}
+    a, b = stat(study, arm, seeds), stat(study, against, seeds)
+
+    def difference(sample) -> float:
+        seeds_drawn = [int(s) for s in sample]
+        return stat(study, arm, seeds_drawn) - stat(study, against, seeds_drawn)
+
+    ci = bootstrap_ci(seeds, difference, resamples=2000) if len(seeds) > 1 else None
+    p = paired_p_value([stat(study, arm, [s]) for s in seeds], [stat(study, against, [s]) for s in seeds])
+    result.update(value_arm=a, value_against=b, difference=a - b, ci95=ci, p=p, seeds=len(seeds))
+    result["verdict"] = verdict(claim.expect, ci, claim.margin)
+    if ci is None:
+        result["why"] = "one seed: no interval"
+    return result
+
+
+def claims_of(results: list[Result]) -> list[Claim]:
+    """The claims the runs' experiment config declares (``claims:`` in config.yaml), once each."""
+    found: dict[str, Claim] = {}
+    for r in results:
+        for spec in r.run.config.get("claims") or []:
+            found.setdefault(spec["claim"], Claim(**spec))
+    return list(found.values())
+
+
+def _fmt(value, spec: str = ".3g") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def claims_table(evaluated: list[dict]) -> str:
+    if not evaluated:
+        return "These runs' experiment config declares no claims (`claims:` in configs/experiment/)."
+    lines = [
+        "| claim | source | statistic | arm vs against | arm − against [95% CI] | paired p | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in evaluated:
+        ci = f" [{c['ci95'][0]:+.3g}, {c['ci95'][1]:+.3g}]" if c.get("ci95") else ""
+        numbers = (
+            f"{_fmt(c['value_arm'])} vs {_fmt(c['value_against'])}" if "value_arm" in c else "–",
+            f"{c['difference']:+.3g}{ci}" if "difference" in c else "–",
+        )
+        why = f" ({c['why']})" if c.get("why") else ""
+        lines.append(
+            f"| {c['claim']} (expect {c['expect']}) | {c['source']} | {c['statistic']} | {c['arm']} vs {c['against']}: "
+            f"{numbers[0]} | {numbers[1]} | {_fmt(c.get('p'))} | **{c['verdict']}**{why} |"
+        )
+    return "\n".join(lines)
+
+
+def _p(a: list[float], b: list[float]) -> str:
+    p = welch_p_value(a, b)
+    return "–" if p is None else f"{p:.3g}"
+
+
+def observations(study: Study) -> list[str]:
+    """What the numbers show for every variant, before any claim."""
+    summaries, baseline = study.summaries, study.baseline
+    base = summaries[baseline]
+    ranked = sorted(summaries.values(), key=lambda s: s.sensitivity)
+    lines = [
+        "LR sensitivity, lowest first: "
+        + ", ".join(
+            f"{s.variant} {s.sensitivity:.3f}" + (" (did not train)" if s.variant in study.untrained else "")
+            for s in ranked
+        )
+        + f". The baseline ({baseline}) reaches its best loss {base.best_mean:.4f} at lr {base.best_lr:g}."
+    ]
+    if study.untrained:
+        lines.append(
+            f"{', '.join(sorted(study.untrained))}: best loss more than {UNTRAINED_GAP} nats above {baseline}'s at "
+            "every learning rate, so they did not train in this budget; their low LR sensitivity means equally poor "
+            "at every rate, not stable."
+        )
+    for s in summaries.values():
+        if s.variant == baseline:
+            continue
+        p = welch_p_value(s.best_values, base.best_values)
+        evidence = (
+            f"Welch p = {p:.3g}"
+            if p is not None
+            else f"{len(base.best_values)} seed: no p-value, a difference this size may be noise"
+        )
+        diverged = ", ".join(f"{lr:g}" for lr in s.diverged) or "none"
+        lines.append(
+            f"{s.variant}: best loss {s.best_mean - base.best_mean:+.4f} against {baseline} ({evidence}); "
+            f"diverged at lr {diverged}."
+        )
+    return lines
+
+
+def write_report(inputs: list[str], out: Path, metric: str, speed: Path | None, baseline: str) -> Path:
+    results, skipped = load_results(inputs, metric)
+    study = Study(results, baseline)
+    summaries, lrs, seeds = study.summaries, study.lrs, study.seeds
+    evaluated = [evaluate_claim(claim, study) for claim in claims_of(results)]
+    out.mkdir(parents=True, exist_ok=True)
+    plot_loss_vs_lr(results, out / "loss_vs_lr.png")
+    survived, above = study.survived_lr, study.lr_above
+    plot_attention_logits(results, [lr for lr in (survived, above) if lr is not None], out / "attention_logits.png")
+    base = summaries[baseline]
+    plot_depth_and_kurtosis(results, base.best_lr, out / "stream_rms_depth.png", out / "feature_kurtosis.png")
+
+    table = [
+        f"| variant | best lr | best {metric} (mean ± std) | Δ vs {baseline} | Welch p | LR sensitivity | diverged at lr | "
+        + " | ".join(f"lr {lr:g}" for lr in lrs)
+        + " |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(lrs),
+    ]
+    for s in summaries.values():
+        delta = "–" if s.variant == baseline else f"{s.best_mean - base.best_mean:+.4f}"
+        p = "–" if s.variant == baseline else _p(s.best_values, base.best_values)
+        cells = [f"{s.losses_by_lr[lr]:.3f}" if lr in s.losses_by_lr else "" for lr in lrs]
+        table.append(
+            f"| {s.variant} | {s.best_lr:g} | {s.best_mean:.4f} ± {s.best_std:.4f} | {delta} | {p} | "
+            f"{s.sensitivity:.3f} | {', '.join(f'{lr:g}' for lr in s.diverged) or '–'} | " + " | ".join(cells) + " |"
+        )
+    logit_note = (
+        f"at lr {survived:g} (the highest the baseline survives)"
+        + (f" and {above:g} (the next one up)" if above else " (it survives every rate, so there is none above)")
+        if survived
+        else "(the baseline diverged at every rate)"
+    )
+    report = f"""# Stability study: norm variants across learning rates
+
+{len(results)} runs: {len(summaries)} variants x {len(lrs)} learning rates x {len(seeds)} seed(s), metric `{metric}`,
+initial loss ln(vocabulary) = {results[0].initial_loss:.3f}.
+
+![final loss against learning rate](loss_vs_lr.png)
+
+{chr(10).join(table)}
+
+Per-rate columns: {metric} capped at the initial loss (a diverged run counts as the initial loss), mean over seeds.
+LR sensitivity: mean over the grid of (capped loss - the variant's best), Wortsman et al. 2023, Sec. 3.1.
+
+## What the numbers show
+
+{chr(10).join("- " + line for line in observations(study))}
+
+## Claims
+
+Each claim as the experiment config declares it (arms chosen by config fields), evaluated on
+these runs: the arm's statistic against the other's, their difference paired by seed with a
+95% bootstrap interval over seeds and a paired t-test, and the verdict the interval supports.
+
+{claims_table(evaluated)}
+
+## Attention logits
+
+The largest pre-softmax attention logit (max over layers) against step, {logit_note}:
+
+![attention logits](attention_logits.png)
+
+## The residual stream with depth, and outlier features
+
+At lr {base.best_lr:g} (the baseline's best), end of training:
+
+![stream RMS against depth](stream_rms_depth.png)
+
+![feature kurtosis over training](feature_kurtosis.png)
+
+## Training speed
+
+{speed_table(speed, list(summaries))}
+"""
+    if skipped:
+        report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
+    (out / "report.md").write_text(report)
+    return out / "report.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="A learning-rate study's report: norm variants across learning rates, and its claims."
+    )
+    parser.add_argument("inputs", nargs="+", help="the study's run folder (runs/stability), run folders or globs")
+    parser.add_argument("--out", type=Path, default=Path("study"))
+    parser.add_argument("--metric", default="val/loss", help="val/loss, or val/bpb across tokenizers")
+    parser.add_argument("--speed", type=Path, default=None, help="a results.json from scripts/bench_variants.py")
+    parser.add_argument("--baseline", default=BASELINE)
+    args = parser.parse_args(argv)
+    try:
+        path = write_report(args.inputs, args.out, args.metric, args.speed, args.baseline)
+    except RunsError as err:
+        print(f"study_report: {err}", file=sys.stderr)
+        return 1
+    print(path.read_text())
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,266 @@
+"""Everything a training run needs, built once from its config: ``build_run(cfg, run_dir, ...)``.
+
+The order is the order in which things can fail: the config's choices first (no data loaded,
+nothing written), then the run's identity against its directory, the data, the model and its
+optimizer (restored from the newest checkpoint), and last the record and the sinks, on rank 0.
+A run with nothing left to do (finished, or diverged: its result) gives ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+
+from analysis.metrics import diverged_step, read_metrics
+from model import ModelConfig, Transformer
+from norms.cpu import flush_denormals
+from training.batches import plan_batches
+from training.checkpoint import (
+    CheckpointError,
+    check_same_model,
+    load_newest_readable,
+    remove_partial_checkpoints,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
+from training.config import Config, ConfigError, build_model_config
+from training.cpu_threads import use_thread_share
+from training.data import Data, build_data
+from training.distributed import Distributed
+from training.nonfinite import NonFinitePolicy
+from training.optim import build_optimizer
+from training.run_record import check_resume
+from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
+from training.sinks import Sinks, open_sinks
+from training.throughput import ThroughputMeter, peak_flops
+
+log = logging.getLogger("normlab.train")
+
+
+@dataclass
+class Plan:
+    """What the config asks for, checked: precision, threads, sequence length and batch split."""
+
+    precision: str
+    cpu_threads: int
+    threads_why: str
+    seq_len: int
+    global_batch: int
+    accum: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+@dataclass
+class TrainingRun:
+    cfg: DictConfig
+    run_dir: Path
+    device: torch.device
+    dist: Distributed
+    plan: Plan
+    data: Data
+    model: Transformer  # the plain module: probes, checkpoints and evaluation use it
+    compiled: torch.nn.Module  # what steps and evaluation run (torch.compile'd when on)
+    train_model: torch.nn.Module  # compiled, wrapped in DDP under torchrun
+    model_cfg: ModelConfig
+    optimizer: torch.optim.Optimizer
+    start_step: int
+    resumed_from: Path | None
+    elapsed_before: float
+    run_config: dict
+    sinks: Sinks
+    meter: ThroughputMeter
+    nonfinite: NonFinitePolicy
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def autocast(self):
+        return autocast_context(self.plan.precision, self.device)
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds of training so far, across resumes."""
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def checkpoint(self, step: int) -> Path:
+        state = {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_states(),
+            "model_config": self.model_cfg.to_dict(),
+            "config": self.run_config,
+            "tokenizer": self.data.tokenizer.to_str(),
+            "elapsed_s": self.elapsed(),
+        }
+        return save_checkpoint(self.run_dir, state, self.cfg.train.keep_checkpoints)
+
+
+def plan_run(cfg: DictConfig, dist: Distributed, device: torch.device) -> Plan:
+    """The config's choices checked before any data loads; a bad one raises ConfigError naming its key."""
+    try:
+        precision = resolve_precision(cfg.train.precision, device)
+        cpu_threads, threads_why = use_thread_share(cfg.cpu_threads)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    seq_len = cfg.train.seq_len or cfg.model.max_seq_len
+    if seq_len > cfg.model.max_seq_len:
+        raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
+    global_batch, accum = plan_batches(cfg.train, seq_len, dist.world_size)
+    try:  # the model on the meta device (no memory, no data): a bad norm choice fails here, first
+        with torch.device("meta"):
+            Transformer(build_model_config(cfg, cfg.data.vocab_size))
+    except ValueError as err:
+        raise ConfigError(f"model/norm config: {err}") from err
+    return Plan(precision, cpu_threads, threads_why, seq_len, global_batch, accum)
+
+
+def check_run_identity(cfg: DictConfig, run_dir: Path, plan: Plan) -> dict | None:
+    """Refuse to train in ``run_dir`` if it holds a run of another configuration (before anything is written).
+
+    Returns None for a new run, else the entry that the resume will add to the run's record.
+    """
+    config = {
+        **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "runtime": {"precision": plan.precision, "global_batch_tokens": plan.tokens_per_step},
+    }
+    schema_defaults = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
+    return check_resume(run_dir, config, schema_defaults, list(cfg.resume_with_changes))
+
+
+def configure_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cpu":
+        # Subnormal floats (post-norm's vanishing gradients at high learning rates) made every op
+        # 5-30x slower in the stability study; flushing them to zero changes values below 1.2e-38.
+        flush_denormals()
+
+
+def load_data(cfg: DictConfig, plan: Plan, dist: Distributed) -> Data:
+    """Each node's first process fills the caches (tokenizer, token arrays); the others then read them."""
+    if dist.local_rank != 0:
+        dist.barrier()
+    data = build_data(cfg.data, plan.seq_len, plan.global_batch, cfg.seed)
+    if dist.local_rank == 0:
+        dist.barrier()
+    return data
+
+
+def build_model(cfg: DictConfig, data: Data, device: torch.device) -> tuple[Transformer, ModelConfig]:
+    seed_everything(cfg.seed)
+    try:
+        model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size())
+        return Transformer(model_cfg).to(device), model_cfg
+    except ValueError as err:  # a bad model shape or norm option
+        raise ConfigError(f"model/norm config: {err}") from err
+
+
+def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data, cfg: DictConfig, dist: Distributed):
+    """Load the newest checkpoint of ``run_dir`` into model and optimizer, if there is one.
+
+    Returns (start step, checkpoint path or None, training seconds before this process).
+    """
+    if dist.is_main:
+        remove_partial_checkpoints(run_dir)
+    found = load_newest_readable(run_dir, map_location=next(model.parameters()).device)
+    if found is None:
+        return 0, None, 0.0
+    source, state = found
+    check_same_model(state["model_config"], model_cfg.to_dict(), source)
+    if state["tokenizer"] != data.tokenizer.to_str():
+        raise CheckpointError(
+            f"{source} was trained with another tokenizer than data={cfg.data.name} now gives; "
+            "use the same data settings, or a new run directory (run_name=...)"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    restore_rng_states(state["rng"])
+    return state["step"], source, state["elapsed_s"]
+
+
+def runtime_record(model: Transformer, model_cfg: ModelConfig, plan: Plan, device, dist, compiled: bool, peak) -> dict:
+    """What actually ran, recorded as ``runtime:`` in the run's config.yaml."""
+    return {
+        "norm_backend": {norm.role: norm.backend(device) for norm in model.norm_modules().values()},
+        "norm_roles": {name: norm.role for name, norm in model.norm_modules().items()},
+        "device": str(device),
+        "cpu_threads": plan.cpu_threads,
+        "precision": plan.precision,
+        "world_size": dist.world_size,
+        "grad_accum": plan.accum,
+        "global_batch_tokens": plan.tokens_per_step,
+        "vocab_size": model_cfg.vocab_size,
+        "params": sum(p.numel() for p in model.parameters()),
+        "flops_per_token": model.flops_per_token(plan.seq_len),
+        "peak_flops": peak[0],
+        "peak_flops_source": peak[1],
+        "torch": str(torch.__version__),
+        "compiled": compiled,
+    }
+
+
+def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distributed) -> TrainingRun | None:
+    """The run ``cfg`` describes in ``run_dir``, resumed where it stopped; None when nothing is left to train."""
+    plan = plan_run(cfg, dist, device)
+    configure_device(device)
+    resume_entry = check_run_identity(cfg, run_dir, plan)
+    if resume_entry is not None and not cfg.resume_with_changes:
+        diverged_at = diverged_step(read_metrics(run_dir / "metrics.jsonl", damaged="skip").rows)
+        if diverged_at is not None:
+            log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
+            return None
+    data = load_data(cfg, plan, dist)
+    model, model_cfg = build_model(cfg, data, device)
+    optimizer = build_optimizer(model, cfg.train, device)
+    start_step, resumed_from, elapsed_before = restore(run_dir, model, optimizer, model_cfg, data, cfg, dist)
+    if resumed_from and start_step >= cfg.train.max_steps:
+        log.info("%s finished at step %d: nothing to train (a rerun of a sweep skips it)", run_dir, start_step)
+        return None
+    use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
+    compiled = torch.compile(model) if use_compile else model
+    train_model = compiled
+    if dist.enabled:
+        train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
+    peak = peak_flops(device, plan.precision, cfg.train.peak_flops)
+    runtime = runtime_record(model, model_cfg, plan, device, dist, use_compile, peak)
+    run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
+    sinks = Sinks([])
+    if dist.is_main:
+        if resume_entry is not None:
+            resume_entry.update(step=start_step, checkpoint=str(resumed_from) if resumed_from else None)
+        sinks = open_sinks(cfg, run_dir, run_config, data, resume_entry)
+        log_start(cfg, runtime, plan, device, dist, start_step if resumed_from else None)
+    meter = ThroughputMeter(runtime["flops_per_token"], peak[0] * dist.world_size, cfg.train.perf_warmup_steps)
+    nonfinite = NonFinitePolicy(cfg.train.nan_policy, cfg.train.max_skipped_steps)
+    return TrainingRun(
+        cfg, run_dir, device, dist, plan, data, model, compiled, train_model, model_cfg, optimizer,
+        start_step, resumed_from, elapsed_before, run_config, sinks, meter, nonfinite,
+    )  # fmt: skip
+
+
+def log_start(cfg: DictConfig, runtime: dict, plan: Plan, device, dist, resumed_at: int | None) -> None:
+    log.info(
+        "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d), %d CPU threads (%s)%s",
+        cfg.run_name,
+        f"{runtime['params']:,}",
+        cfg.variant,
+        ", ".join(sorted(set(runtime["norm_backend"].values()))) or "no norms",
+        plan.precision,
+        device,
+        dist.world_size,
+        plan.tokens_per_step,
+        plan.accum,
+        plan.cpu_threads,
+        plan.threads_why,
+        f", resuming from step {resumed_at}" if resumed_at is not None else "",
+    )
