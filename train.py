@@ -32,6 +32,7 @@ from training.evaluation import evaluate
 from training.nonfinite import TrainingDiverged
 from training.optim import lr_at
 from training.probes import layer_grad_norms, run_probes
+from training.qk_clip import qk_clip
 from training.run_lock import RunLock, RunLockedError
 from training.run_record import RunIdentityError
 from training.runtime import resolve_device
@@ -74,13 +75,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         dist.close()
 
 
-def train_step(run: TrainingRun, step: int) -> tuple[float, float]:
-    """Forward and backward over the step's micro-batches, gradients clipped: (mean loss, grad norm).
-
-    The optimizer step is left to the caller, which first checks that both are finite.
-    """
+def train_step(run: TrainingRun, step: int) -> tuple[float, float, float]:
+    """Forward and backward over the step's micro-batches, gradients clipped: (mean cross-entropy,
+    mean z-loss term, grad norm). The optimizer step is left to the caller, which first checks them."""
     tcfg, dist = run.cfg.train, run.dist
     loss_sum = torch.zeros((), device=run.device)
+    z_sum = torch.zeros((), device=run.device)
     for micro in range(run.plan.accum):
         first = (dist.rank * run.plan.accum + micro) * tcfg.batch_size
         inputs, targets = (
@@ -90,23 +90,22 @@ def train_step(run: TrainingRun, step: int) -> tuple[float, float]:
         no_sync = run.train_model.no_sync() if dist.enabled and micro < run.plan.accum - 1 else nullcontext()
         with no_sync:
             with run.autocast:
-                loss = run.train_model(inputs, targets) / run.plan.accum
-            loss.backward()
-        loss_sum += loss.detach()
+                terms = run.train_model(inputs, targets, z_loss=tcfg.z_loss)
+            (terms.objective / run.plan.accum).backward()
+        loss_sum += terms.cross_entropy / run.plan.accum
+        z_sum += terms.z_loss / run.plan.accum
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), tcfg.grad_clip).item()
-    return dist.mean(loss_sum.item(), run.device), grad_norm
+    return dist.mean(loss_sum.item(), run.device), dist.mean(z_sum.item(), run.device), grad_norm
 
 
-def measure(run: TrainingRun, step: int, done: int, last: bool, loss: float, grad_norm: float, lr: float) -> dict:
+def measure(run: TrainingRun, step: int, done: int, last: bool, train: dict) -> dict:
     """The metrics row of step ``done``: training numbers, validation, and the probe pass on its own batch."""
     tcfg = run.cfg.train
     metrics: dict = {"step": done}
     if every(tcfg.log_every, done, last):
         metrics.update(
             {
-                "train/loss": loss,
-                "train/lr": lr,
-                "train/grad_norm": grad_norm,
+                **train,
                 "train/tokens": done * run.plan.tokens_per_step,
                 "perf/peak_mem_gb": peak_memory_gb(run.device),
                 "perf/elapsed_s": run.elapsed(),
@@ -136,8 +135,8 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         for group in run.optimizer.param_groups:
             group["lr"] = lr
         started = time.perf_counter()
-        loss, grad_norm = train_step(run, step)
-        action = run.nonfinite.check(done, loss, grad_norm, last_checkpoint)
+        loss, z_loss, grad_norm = train_step(run, step)
+        action = run.nonfinite.check(done, loss + z_loss, grad_norm, last_checkpoint)
         if action != "apply":
             run.optimizer.zero_grad(set_to_none=True)
             if action == "end":
@@ -148,10 +147,15 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         gradients = layer_grad_norms(run.model) if every(tcfg.stats_every, done, last) else {}
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
+        train = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
+        if tcfg.z_loss:
+            train["train/z_loss"] = z_loss
+        if tcfg.qk_clip is not None:
+            train["train/qk_clipped_heads"] = qk_clip(run.model, tcfg.qk_clip, dist)
         run.meter.add(run.plan.tokens_per_step, time.perf_counter() - started)
         if not dist.is_main:
             continue
-        metrics = {"step": done, **gradients, **measure(run, step, done, last, loss, grad_norm, lr)}
+        metrics = {"step": done, **gradients, **measure(run, step, done, last, train)}
         progress.set_postfix(loss=f"{loss:.3f}")
         if quiet and "train/loss" in metrics:
             rate = metrics.get("perf/tokens_per_sec")

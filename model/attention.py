@@ -1,4 +1,9 @@
-"""Causal grouped-query self-attention with optional QK-norm and a key/value cache for generation."""
+"""Causal grouped-query self-attention with optional QK-norm, score soft-cap, and a key/value cache.
+
+Uncapped attention runs in SDPA (fused, the scores never materialized). A soft-cap on the scores
+(Gemma 2: ``c * tanh(s / c)``) is something SDPA cannot apply, so a capped model takes an
+explicit path that forms the scores; ``scripts/bench_variants.py`` measures what that costs.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
+from model.loss import softcap
 from model.norm_roles import norm_for
 from model.rope import apply_rope
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Pre-softmax scores q k^T / sqrt(head_dim), (batch, heads, seq, keys), each key head serving its query group."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+
+
+def allowed_positions(seq: int, start_pos: int, device) -> torch.Tensor:
+    """(seq, start_pos + seq), True where query i may attend key j: causal within, all of the cached past."""
+    return torch.ones(seq, start_pos + seq, dtype=torch.bool, device=device).tril(start_pos)
 
 
 class KVCache:
@@ -32,7 +49,12 @@ class ScoresTap(nn.Module):
 
     SDPA never materializes the scores; a probe that needs them (training/probes/attention.py)
     hooks this module and computes them on its own pass, so training steps pay nothing.
+    ``softcap`` is the cap the softmax's scores get (None for none), for probes to apply.
     """
+
+    def __init__(self, softcap: float | None) -> None:
+        super().__init__()
+        self.softcap = softcap
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, start_pos: int) -> None:
         return None
@@ -51,7 +73,19 @@ class Attention(nn.Module):
             self.k_norm = norm_for(cfg, "k", cfg.head_dim if per_head else cfg.n_kv_heads * cfg.head_dim)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
-        self.scores = ScoresTap()
+        self.softcap = cfg.attn_softcap
+        self.scores = ScoresTap(cfg.attn_softcap)
+        self.tracks_max_logits = False
+
+    def track_max_logits(self) -> None:
+        """Keep each query head's largest pre-softmax logit (uncapped) of the forward passes since
+        ``max_logits`` was last reset, for QK-clip (training/qk_clip.py). Costs one extra q k^T."""
+        self.tracks_max_logits = True
+        self.register_buffer(
+            "max_logits",
+            torch.full((self.n_heads,), float("-inf"), device=self.qkv_proj.weight.device),
+            persistent=False,
+        )
 
     @property
     def has_qk_norm(self) -> bool:
@@ -90,19 +124,30 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, start_pos)
 
+        self.scores(q, k, start_pos)
+        if self.tracks_max_logits and self.training:
+            with torch.no_grad():
+                scores = attention_scores(q, k).masked_fill(~allowed_positions(seq, start_pos, x.device), float("-inf"))
+                self.max_logits.copy_(torch.maximum(self.max_logits, scores.float().amax(dim=(0, 2, 3))))
+        out = self._sdpa(q, k, v, start_pos) if self.softcap is None else self._capped_attention(q, k, v, start_pos)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def _sdpa(self, q, k, v, start_pos: int) -> torch.Tensor:
+        seq = q.shape[2]
         mask, is_causal = None, seq > 1
         if start_pos > 0 and seq > 1:  # a chunk after cached tokens: causal within, full to the past
-            mask = torch.ones(seq, start_pos + seq, dtype=torch.bool, device=x.device).tril(start_pos)
+            mask = allowed_positions(seq, start_pos, q.device)
             is_causal = False
-        self.scores(q, k, start_pos)
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=True,
+        dropout = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=True
         )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def _capped_attention(self, q, k, v, start_pos: int) -> torch.Tensor:
+        """softmax(softcap(q k^T / sqrt(d))) v, with the scores formed explicitly (in float32 at least)."""
+        scores = attention_scores(q, k)
+        scores = softcap(scores.to(torch.promote_types(scores.dtype, torch.float32)), self.softcap)
+        scores = scores.masked_fill(~allowed_positions(q.shape[2], start_pos, q.device), float("-inf"))
+        weights = F.dropout(scores.softmax(dim=-1), self.dropout if self.training else 0.0).to(v.dtype)
+        return weights @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)

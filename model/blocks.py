@@ -6,6 +6,11 @@ With F the attention or MLP branch and N a norm, each block applies, for F = att
     post       h = N(x + F(x))              the original Transformer, BERT  no final norm
     peri       h = x + N_out(F(N_in(x)))    Gemma 2/3, Peri-LN (Kim et al. 2025)
     reordered  h = x + N(F(x))              OLMo 2
+    deepnorm   h = N(alpha x + F(x))        DeepNet (Wang et al. 2022)    no final norm
+
+A model may mix placements layer by layer (``layer_placements``); ``mix_ln`` is the mix of
+Mix-LN (Li et al. 2024, arXiv 2412.13795): post-norm in the first floor(post_fraction * L)
+layers, pre-norm after them. The model has a final norm when its last block wants one.
 
 Where a norm directly follows a residual add (pre, peri, post), the add is handed to the norm
 (``norm(branch, residual=x)`` returns ``(N(x + branch), x + branch)``), which a fused norm
@@ -13,6 +18,8 @@ does in one pass over memory.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -32,8 +39,9 @@ class Block(nn.Module):
     roles: tuple[str, ...] = ()
     has_final_norm = True
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.cfg, self.layer = cfg, layer
         self._add_norm(cfg, "attn_in")
         self.attn = Attention(cfg)
         self._add_norm(cfg, "attn_out")
@@ -44,7 +52,22 @@ class Block(nn.Module):
 
     def _add_norm(self, cfg: ModelConfig, role: str) -> None:
         if role in self.roles:
-            setattr(self, _NORM_ATTRIBUTE[role], norm_for(cfg, role, cfg.d_model))
+            norm = norm_for(cfg, role, cfg.d_model)
+            if cfg.norm_depth_scaling == "inverse_sqrt":  # LayerNorm Scaling: layer l (1-based) scales by 1/sqrt(l)
+                norm.output_scale = 1 / math.sqrt(self.layer + 1)
+            setattr(self, _NORM_ATTRIBUTE[role], norm)
+
+    def init_stds(self) -> dict[str, float]:
+        """The Normal init std of this block's weights that differ from ``init_std``, by name in the block:
+        the residual branches' output projections, divided by sqrt(2 n_layers) (GPT-2's rule;
+        ``init_out_scale=none`` leaves them at init_std)."""
+        if self.cfg.init_out_scale == "none":
+            return {}
+        std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        return {"attn.o_proj": std, "mlp.down_proj": std}
+
+    def after_init(self) -> None:
+        """Scaling that an init std per weight cannot say (a slice of a fused weight)."""
 
     def attention(self, x, cos, sin, cache: KVCache | None, start_pos: int) -> torch.Tensor:
         return self.dropout(self.attn(x, cos, sin, cache, start_pos))
@@ -96,16 +119,63 @@ class ReorderedBlock(Block):
         return h + self.mlp_out_norm(self.feed_forward(h))
 
 
+class DeepNormBlock(Block):
+    """h = N(alpha x + attn(x)); out = N(alpha h + mlp(h)), alpha = (2L)^(1/4).
+
+    Post-norm with the residual up-weighted, and the value, output and MLP weights initialized
+    scaled by beta = (8L)^(-1/4) instead of 1/sqrt(2L): DeepNet's decoder-only constants
+    (Wang et al. 2022, arXiv 2203.00555, Table 1), which bound the model update at any depth.
+    """
+
+    roles = ("attn_out", "mlp_out")
+    has_final_norm = False
+
+    @property
+    def alpha(self) -> float:
+        return (2 * self.cfg.n_layers) ** 0.25
+
+    @property
+    def beta(self) -> float:
+        return (8 * self.cfg.n_layers) ** -0.25
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+        h, _ = self.attn_out_norm(self.attention(x, cos, sin, cache, start_pos), residual=self.alpha * x)
+        out, _ = self.mlp_out_norm(self.feed_forward(h), residual=self.alpha * h)
+        return out
+
+    def init_stds(self) -> dict[str, float]:
+        std = self.cfg.init_std * self.beta
+        return {"attn.o_proj": std, "mlp.gate_up_proj": std, "mlp.down_proj": std}
+
+    @torch.no_grad()
+    def after_init(self) -> None:
+        v_rows = slice((self.cfg.n_heads + self.cfg.n_kv_heads) * self.cfg.head_dim, None)  # qkv rows: [q | k | v]
+        self.attn.qkv_proj.weight[v_rows].mul_(self.beta)
+
+
 BLOCKS: dict[str, type[Block]] = {
     "pre": PreNormBlock,
     "post": PostNormBlock,
     "peri": PeriNormBlock,
     "reordered": ReorderedBlock,
+    "deepnorm": DeepNormBlock,
 }
+# norm.placement: a block for every layer, or a mix of blocks by layer.
+PLACEMENTS = (*BLOCKS, "mix_ln")
+
+
+def layer_placements(cfg: ModelConfig) -> list[str]:
+    """The placement of each layer: ``cfg.layer_placements`` if given, Mix-LN's mix, or one placement throughout."""
+    if cfg.layer_placements is not None:
+        return list(cfg.layer_placements)
+    if cfg.placement == "mix_ln":
+        post = math.floor(cfg.post_fraction * cfg.n_layers)
+        return ["post"] * post + ["pre"] * (cfg.n_layers - post)
+    return [cfg.placement] * cfg.n_layers
 
 
 def block_class(placement: str) -> type[Block]:
     try:
         return BLOCKS[placement]
     except KeyError:
-        raise ValueError(f"unknown norm.placement {placement!r}; choose one of: {', '.join(BLOCKS)}") from None
+        raise ValueError(f"unknown norm.placement {placement!r}; choose one of: {', '.join(PLACEMENTS)}") from None

@@ -4,7 +4,17 @@ Annotations use ``typing`` forms because Hydra's structured configs (OmegaConf) 
 """
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional  # noqa: UP035 (OmegaConf reads these annotations on Python 3.10)
+from typing import Any, Dict, List, Optional  # noqa: UP035 (OmegaConf reads these annotations on Python 3.10)
+
+# ruff: noqa: UP006, UP045
+
+EMBED_SCALES = (
+    "none",
+    "sqrt_d",
+    "learned",
+)  # none | x sqrt(d_model) (Gemma) | a learned scalar from sqrt(d_model) (DyT)
+INIT_OUT_SCALES = ("inverse_sqrt_2l", "none")  # output projections' init std divided by sqrt(2 n_layers), or not
+DEPTH_SCALINGS = ("none", "inverse_sqrt")  # LayerNorm Scaling: the norms of layer l (1-based) scaled by 1/sqrt(l)
 
 
 @dataclass
@@ -20,13 +30,20 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm: str = "rmsnorm"
     norm_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
-    placement: str = "pre"  # pre | post | peri | reordered (model/blocks.py)
-    qk_norm: Optional[str] = None  # noqa: UP045  # a norm type on q and k before RoPE, or None
+    placement: str = "pre"  # pre | post | peri | reordered | deepnorm | mix_ln (model/blocks.py)
+    layer_placements: Optional[List[str]] = None  # one placement per layer; overrides placement
+    post_fraction: float = 0.25  # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers
+    qk_norm: Optional[str] = None  # a norm type on q and k before RoPE, or None
     qk_axis: str = "head"  # head: over each head's features (Qwen3); all: over all heads at once (OLMo 2)
-    norm_role_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # noqa: UP006  # role -> options
+    norm_role_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # role -> options
+    norm_depth_scaling: str = "none"  # none | inverse_sqrt (LayerNorm Scaling, arXiv 2502.05795)
     tie_embeddings: bool = True
     dropout: float = 0.0
     init_std: float = 0.02
+    init_out_scale: str = "inverse_sqrt_2l"  # inverse_sqrt_2l | none (see Transformer.reset_parameters)
+    embed_scale: str = "none"  # none | sqrt_d | learned
+    logit_softcap: Optional[float] = None  # final logits c * tanh(logits / c) (Gemma 2: 30)
+    attn_softcap: Optional[float] = None  # pre-softmax attention scores c * tanh(s / c) (Gemma 2: 50)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -35,6 +52,23 @@ class ModelConfig:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
         if (self.d_model // self.n_heads) % 2:
             raise ValueError(f"the head size d_model/n_heads={self.d_model // self.n_heads} must be even for RoPE")
+        for key, value, allowed in (
+            ("model.embed_scale", self.embed_scale, EMBED_SCALES),
+            ("model.init_out_scale", self.init_out_scale, INIT_OUT_SCALES),
+            ("norm.depth_scaling", self.norm_depth_scaling, DEPTH_SCALINGS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {value!r}")
+        for key, cap in (("model.logit_softcap", self.logit_softcap), ("model.attn_softcap", self.attn_softcap)):
+            if cap is not None and not cap > 0:
+                raise ValueError(f"{key} must be > 0 (or null for no cap), got {cap}")
+        if not 0 <= self.post_fraction <= 1:
+            raise ValueError(f"norm.post_fraction must be in [0, 1], got {self.post_fraction}")
+        if self.layer_placements is not None and len(self.layer_placements) != self.n_layers:
+            raise ValueError(
+                f"norm.layer_placements has {len(self.layer_placements)} entries for model.n_layers={self.n_layers}: "
+                "give one placement per layer"
+            )
 
     @property
     def head_dim(self) -> int:

@@ -34,6 +34,15 @@ _BLOCK_NORMS = {
 def hf_model_type(model: Transformer) -> str:
     """``llama``, ``qwen3`` or ``olmo2``; a ValueError naming what has no equivalent otherwise."""
     cfg = model.cfg
+    features = {
+        "model.logit_softcap": cfg.logit_softcap is not None,
+        "model.attn_softcap": cfg.attn_softcap is not None,
+        f"model.embed_scale={cfg.embed_scale}": cfg.embed_scale != "none",
+        "norm.layer_placements": cfg.layer_placements is not None,
+    }
+    unheld = [feature for feature, used in features.items() if used]
+    if unheld:
+        raise ValueError(f"{unheld[0]} has no equivalent in Hugging Face's Llama, Qwen3 or OLMo 2 classes")
     norms = model.norm_modules()
     not_rms = [name for name, norm in norms.items() if norm.plain_rms_norm_weight() is None]
     if not_rms:

@@ -7,6 +7,14 @@ gradients of the hidden states and the head weight. The (tokens x vocab) logits 
 never materialized, and the softmax runs in one cache-resident pass instead of several over
 memory. This is the idea behind Liger-Kernel's fused linear cross-entropy.
 
+Two logit controls live here too, in the same pass:
+
+- a soft-cap (Gemma 2): the logits become ``c * tanh(logits / c)``; their gradient is
+  multiplied by ``1 - (capped / c)^2``;
+- z-loss (PaLM; Wortsman et al. 2023, arXiv 2309.14322): ``coef * mean(lse^2)`` with lse the
+  log-partition ``logsumexp(logits)``, which pulls lse towards 0; its gradient with respect to
+  the logits is ``2 coef lse softmax``, added to the cross-entropy's.
+
 Gradients are computed during the forward pass (only when autograd needs them), so the
 backward pass just scales them. Under autocast the matmuls run in the autocast dtype; the
 softmax and the loss are always float32.
@@ -14,10 +22,25 @@ softmax and the loss are always float32.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 CHUNK_ROWS = 512  # measured best on CPU for a 4096 vocabulary: the chunk's logits stay in cache
+
+
+class LossTerms(NamedTuple):
+    """What the model returns with targets: ``objective`` (what backward runs on), and its parts."""
+
+    objective: torch.Tensor  # cross_entropy + z_loss, differentiable
+    cross_entropy: torch.Tensor  # the mean cross-entropy (nats/token): train/loss, comparable with or without z-loss
+    z_loss: torch.Tensor  # coef * mean(lse^2), coefficient included (0 when off)
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap * tanh(logits / cap)``: bounded by ``cap``, the identity near 0; ``None`` leaves them as they are."""
+    return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
 def _matmul_dtype(t: torch.Tensor) -> torch.dtype:
@@ -28,27 +51,37 @@ def _matmul_dtype(t: torch.Tensor) -> torch.dtype:
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_rows):
+    def forward(ctx, hidden, weight, targets, chunk_rows, z_loss, cap):
         rows = hidden.shape[0]
         dtype = _matmul_dtype(hidden)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             grad_hidden = torch.empty_like(hidden)
             grad_weight = torch.zeros_like(weight, dtype=torch.float32)
-            loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            ce_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            z_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
             for start in range(0, rows, chunk_rows):
                 h = hidden[start : start + chunk_rows].to(dtype)
                 t = targets[start : start + chunk_rows]
                 logits = (h @ w.t()).float()
+                if cap is not None:
+                    logits = softcap(logits, cap)
+                    cap_slope = 1 - (logits / cap).square()  # d capped / d raw
                 target_logit = logits.gather(1, t[:, None]).squeeze(1)
                 row_max = logits.amax(dim=-1, keepdim=True)
                 # One exponentiation serves the loss (its row sums) and the gradient (softmax).
                 exp = logits.sub_(row_max).exp_()
                 sums = exp.sum(dim=-1, keepdim=True)
-                loss += (sums.log() + row_max).squeeze(1).sub(target_logit).sum()
-                # d(mean loss)/d(logits) = (softmax - onehot) / rows, computed in place.
+                lse = sums.log() + row_max
+                ce_sum += lse.squeeze(1).sub(target_logit).sum()
+                # d(mean loss)/d(logits) = (softmax (1 + 2 coef lse) - onehot) / rows, computed in place.
                 grad = exp.div_(sums)
+                if z_loss:
+                    z_sum += lse.square().sum()
+                    grad.mul_(1 + 2 * z_loss * lse)
                 grad[torch.arange(len(t), device=t.device), t] -= 1.0
+                if cap is not None:
+                    grad.mul_(cap_slope)
                 grad = grad.div_(rows).to(dtype)
                 grad_hidden[start : start + chunk_rows] = grad @ w
                 if grad.dtype == torch.float32:
@@ -56,19 +89,32 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 else:
                     grad_weight += (grad.t() @ h).float()
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        return loss / rows
+        ce, z = ce_sum / rows, z_loss * z_sum / rows
+        ctx.mark_non_differentiable(ce, z)
+        return ce + z, ce, z
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_objective, grad_ce, grad_z):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
+        return grad_hidden * grad_objective, grad_weight * grad_objective, None, None, None, None
 
 
 def fused_linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int = CHUNK_ROWS
-) -> torch.Tensor:
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; hidden is (..., d), targets (...)."""
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    z_loss: float = 0.0,
+    softcap_value: float | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+) -> LossTerms:
+    """Mean cross-entropy of ``softcap(hidden @ weight.T)`` against ``targets``, plus ``z_loss * mean(lse^2)``.
+
+    hidden is (..., d), targets (...).
+    """
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk_rows)
-    return F.cross_entropy(F.linear(hidden, weight).float(), targets)
+        return LossTerms(*_FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk_rows, z_loss, softcap_value))
+    logits = softcap(F.linear(hidden, weight).float(), softcap_value)
+    ce = F.cross_entropy(logits, targets)
+    z = z_loss * torch.logsumexp(logits, dim=-1).square().mean()
+    return LossTerms(ce + z, ce, z)

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from model.attention import KVCache
-from model.blocks import block_class
+from model.blocks import block_class, layer_placements
 from model.config import ModelConfig
-from model.loss import fused_linear_cross_entropy
+from model.loss import LossTerms, fused_linear_cross_entropy, softcap
 from model.norm_roles import check_role_options, norm_for
 from model.rope import rope_tables
 from norms import Norm
@@ -27,10 +27,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         check_role_options(cfg)
-        block = block_class(cfg.placement)
+        blocks = [block_class(placement) for placement in layer_placements(cfg)]
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(block(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = norm_for(cfg, "final", cfg.d_model) if block.has_final_norm else None
+        if cfg.embed_scale == "learned":  # the DyT paper's LLaMA code: a learned scalar, from sqrt(d_model)
+            self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(cfg.d_model)))
+        self.layers = nn.ModuleList(block(cfg, layer) for layer, block in enumerate(blocks))
+        self.final_norm = norm_for(cfg, "final", cfg.d_model) if blocks[-1].has_final_norm else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
@@ -40,16 +42,29 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights; residual-branch output projections scaled by 1/sqrt(2 * n_layers).
+        """Normal(0, std) weights: init_std, or what the block says for its weights (``Block.init_stds``:
+        output projections at init_std / sqrt(2 * n_layers) by default, DeepNorm's beta for DeepNorm).
 
         Norms draw no random numbers (gains start at one), so a given seed gives the same
         weights whichever norm is configured.
         """
-        out_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        stds = {
+            f"layers.{i}.{name}": std for i, layer in enumerate(self.layers) for name, std in layer.init_stds().items()
+        }
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                is_output = name.endswith(("o_proj", "down_proj"))
-                nn.init.normal_(module.weight, mean=0.0, std=out_std if is_output else self.cfg.init_std)
+                nn.init.normal_(module.weight, mean=0.0, std=stds.get(name, self.cfg.init_std))
+        for layer in self.layers:
+            layer.after_init()
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The token embeddings, times sqrt(d_model) (Gemma) or a learned scalar (DyT) when configured."""
+        x = self.tok_embeddings(tokens)
+        if self.cfg.embed_scale == "sqrt_d":
+            return x * math.sqrt(self.cfg.d_model)
+        if self.cfg.embed_scale == "learned":
+            return x * self.embed_scale
+        return x
 
     def norm_modules(self) -> dict[str, Norm]:
         """Every norm instance by its stable dotted name, in the order the forward pass meets them."""
@@ -61,8 +76,10 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         caches: list[KVCache] | None = None,
         start_pos: int = 0,
-    ) -> torch.Tensor:
-        """Logits (batch, seq, vocab) for token ids (batch, seq); with ``targets``, the mean loss instead.
+        z_loss: float = 0.0,
+    ) -> torch.Tensor | LossTerms:
+        """Logits (batch, seq, vocab) for token ids (batch, seq), soft-capped when configured; with
+        ``targets``, the loss terms instead (mean cross-entropy, plus ``z_loss * mean(lse^2)``).
 
         The loss fuses the LM head with the cross-entropy (model/loss.py), so training never
         materializes the logits.
@@ -72,14 +89,14 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence of {start_pos + seq} tokens exceeds model.max_seq_len={self.cfg.max_seq_len}")
         cos = self.rope_cos[start_pos : start_pos + seq]
         sin = self.rope_sin[start_pos : start_pos + seq]
-        x = self.tok_embeddings(tokens)
+        x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if caches is None else caches[i], start_pos)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if targets is not None:
-            return fused_linear_cross_entropy(x, self.lm_head.weight, targets)
-        return self.lm_head(x)
+            return fused_linear_cross_entropy(x, self.lm_head.weight, targets, z_loss, self.cfg.logit_softcap)
+        return softcap(self.lm_head(x), self.cfg.logit_softcap)
 
     @torch.no_grad()
     def generate(

@@ -28,20 +28,26 @@ class Norm(nn.Module):
 
     ``role`` is a free-form tag that whoever places the norm may set (a model sets
     ``"attn_in"``, ``"q"``, ...), so that statistics can say what the norm sees.
+    ``output_scale`` multiplies the normalized output by a constant (LayerNorm Scaling sets
+    1/sqrt(layer)); at 1 it costs nothing.
     """
 
     role: str | None = None
+    output_scale: float = 1.0
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def scaled(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.output_scale == 1.0 else y * self.output_scale
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            return self.normalize(x)
+            return self.scaled(self.normalize(x))
         total = x + residual
-        return self.normalize(total), total
+        return self.scaled(self.normalize(total)), total
 
     def effective_gain(self) -> torch.Tensor | None:
         """The per-feature gain the output is multiplied by, in float32, or None without one."""
@@ -131,7 +137,7 @@ class RMSNorm(_RMSFamily):
         self.k = dim
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
-        return self.gain_or_ones()
+        return self.gain_or_ones() * self.output_scale
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, cast_before_weight={self.cast_before_weight}, gain={self.gain}"
@@ -168,7 +174,7 @@ class PartialRMSNorm(_RMSFamily):
         self.k = resolve_partial_k(dim, p, k)
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
-        return self.gain_or_ones() if self.k == self.dim else None
+        return self.gain_or_ones() * self.output_scale if self.k == self.dim else None
 
     def extra_repr(self) -> str:
         return f"{self.dim}, k={self.k}, eps={self.eps}, cast_before_weight={self.cast_before_weight}, gain={self.gain}"

@@ -82,14 +82,14 @@ def main() -> None:
     theirs = hf_model(cfg, ours).to(device)
     # Same tokens predicted by both: HF shifts labels inside, so it gets the full window as labels.
     models = {
-        "normlab": (ours, lambda t: ours(t[:, :-1], t[:, 1:])),
+        "normlab": (ours, lambda t: ours(t[:, :-1], t[:, 1:]).objective),
         "hf_llama": (theirs, lambda t: theirs(input_ids=t[:, :-1], labels=t[:, :-1], use_cache=False).loss),
     }
     if args.compile:  # a second copy with the same weights, so the optimizers stay apart
         torch.manual_seed(0)
         twin = Transformer(cfg).to(device)
         compiled = torch.compile(twin)
-        models["normlab_compiled"] = (twin, lambda t: compiled(t[:, :-1], t[:, 1:]))
+        models["normlab_compiled"] = (twin, lambda t: compiled(t[:, :-1], t[:, 1:]).objective)
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True) for name, (m, _) in models.items()}
     tokens = torch.randint(0, cfg.vocab_size, (args.batch_size, seq_len + 1), device=device)
 

@@ -33,11 +33,26 @@ from model import Transformer
 from model.blocks import BLOCKS
 from norms import NORM_NAMES
 from training.config import build_model_config, register_configs
+from training.distributed import Distributed
 from training.optim import build_optimizer
+from training.qk_clip import attentions, qk_clip
 from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 register_configs()
+
+
+# The design space's switches that are not a norm type or placement, each measured on the baseline.
+SWITCHES = (
+    "norm.placement=mix_ln",
+    "norm.depth_scaling=inverse_sqrt",
+    "train.z_loss=1e-4",
+    "model.logit_softcap=30",
+    "model.attn_softcap=50",
+    "train.qk_clip=100",
+    "model.embed_scale=learned",
+    "train.weight_decay_mode=independent train.weight_decay=1e-4",
+)
 
 
 def default_variants() -> list[str]:
@@ -46,6 +61,7 @@ def default_variants() -> list[str]:
     variants = [f"norm={name}" for name in NORM_NAMES]
     variants += [f"{base} norm.placement={placement}" for placement in BLOCKS if placement != "pre"]
     variants += [f"{base} norm.qk={BASELINE}", f"{base} norm.placement=reordered norm.qk={BASELINE} norm.qk_axis=all"]
+    variants += [f"{base} {switch}" for switch in SWITCHES]
     return variants
 
 
@@ -60,7 +76,10 @@ class Variant:
         seed_everything(cfg.seed)
         self.model = Transformer(build_model_config(cfg, cfg.data.vocab_size)).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train, device)
-        self.grad_clip = cfg.train.grad_clip
+        self.grad_clip, self.z_loss, self.qk_clip = cfg.train.grad_clip, cfg.train.z_loss, cfg.train.qk_clip
+        if self.qk_clip is not None:  # as training does it: the step's largest logits, then the clip
+            for attention in attentions(self.model):
+                attention.track_max_logits()
         compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
         self.step_model = torch.compile(self.model) if compile_model else self.model
         self.autocast = autocast_context(self.precision, device)
@@ -69,11 +88,13 @@ class Variant:
     def steps(self, tokens: torch.Tensor, count: int) -> None:
         for _ in range(count):
             with self.autocast:
-                loss = self.step_model(tokens[:, :-1], tokens[:, 1:])
+                loss = self.step_model(tokens[:, :-1], tokens[:, 1:], z_loss=self.z_loss).objective
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.qk_clip is not None:
+                qk_clip(self.model, self.qk_clip, Distributed())
         if tokens.device.type == "cuda":
             torch.cuda.synchronize(tokens.device)
 

@@ -37,7 +37,7 @@ def test_the_probes_write_exactly_the_keys_they_declare():
     cfg.qk_norm, cfg.mlp_multiple_of = "rmsnorm", 16
     model = Transformer(cfg)
     written = set(run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext()))
-    model(torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))).backward()
+    model(torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))).objective.backward()
     written |= set(layer_grad_norms(model))
     unmatched = sorted(k for k in written if not any(fields(t, k) is not None for t in declared_keys()))
     assert not unmatched, f"written but not declared: {unmatched}"

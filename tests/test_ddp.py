@@ -30,6 +30,10 @@ def overrides(tmp_path_factory):
         "train.eval_every=20",
         "train.stats_every=20",
         "train.dist_timeout_s=120",
+        # Logit controls that must agree across processes: QK-clip takes the step's largest logit
+        # over every rank (an all-reduce), as one process takes it over its micro-batches.
+        "train.qk_clip=2",
+        "train.z_loss=1e-3",
     )
 
 

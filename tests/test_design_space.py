@@ -22,7 +22,7 @@ def test_every_type_placement_and_qk_norm_runs_forward_and_backward(norm, placem
     torch.manual_seed(0)
     model = Transformer(tiny(norm=norm, placement=placement, qk_norm=norm if qk else None))
     tokens = torch.randint(0, 97, (2, 8))
-    loss = model(tokens[:, :-1], tokens[:, 1:])
+    loss = model(tokens[:, :-1], tokens[:, 1:]).objective
     loss.backward()
     assert torch.isfinite(loss)
     for name, module in model.norm_modules().items():
@@ -36,6 +36,7 @@ EXPECTED_NORMS = {
     "post": ["attn_out_norm", "mlp_out_norm"],
     "peri": ["attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm"],
     "reordered": ["attn_out_norm", "mlp_out_norm"],
+    "deepnorm": ["attn_out_norm", "mlp_out_norm"],
 }
 ROLES = {"attn_norm": "attn_in", "attn_out_norm": "attn_out", "mlp_norm": "mlp_in", "mlp_out_norm": "mlp_out"}
 
@@ -45,7 +46,7 @@ def test_norm_instances_have_stable_names_and_roles(placement):
     model = Transformer(tiny(placement=placement, qk_norm="rmsnorm"))
     norms = model.norm_modules()
     expected = [f"layers.{i}.{n}" for i in range(2) for n in ["attn.q_norm", "attn.k_norm", *EXPECTED_NORMS[placement]]]
-    expected += [] if placement == "post" else ["final_norm"]
+    expected += [] if placement in ("post", "deepnorm") else ["final_norm"]
     assert sorted(norms) == sorted(expected)
     for name, norm in norms.items():
         leaf = name.rsplit(".", 1)[-1]
@@ -71,6 +72,10 @@ FORMULAS = {
         (h := x + _n(b.attn_out_norm, att(_n(b.attn_norm, x)))) + _n(b.mlp_out_norm, b.mlp(_n(b.mlp_norm, h)))
     ),
     "reordered": lambda b, x, att: (h := x + _n(b.attn_out_norm, att(x))) + _n(b.mlp_out_norm, b.mlp(h)),
+    # DeepNet's decoder-only alpha for 2 layers: (2 * 2) ** (1 / 4).
+    "deepnorm": lambda b, x, att: _n(
+        b.mlp_out_norm, 4**0.25 * (h := _n(b.attn_out_norm, 4**0.25 * x + att(x))) + b.mlp(h)
+    ),
 }
 
 
@@ -90,7 +95,7 @@ def test_each_placement_computes_its_formula(placement):
         hidden = model.tok_embeddings(tokens)
         for layer in model.layers:
             hidden = layer(hidden, model.rope_cos[:6], model.rope_sin[:6])
-        if placement != "post":
+        if placement not in ("post", "deepnorm"):
             hidden = _n(model.final_norm, hidden)
         torch.testing.assert_close(model(tokens), model.lm_head(hidden))
 

@@ -136,7 +136,7 @@ def test_overfits_one_batch():
     tokens = torch.randint(0, 97, (4, 17))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(150):
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss = model(tokens[:, :-1], tokens[:, 1:]).objective
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -115,10 +115,10 @@ def _loss_that_turns_nan_at(call: int):
     calls = {"n": 0}
     real = transformer_module.fused_linear_cross_entropy
 
-    def loss(hidden, weight, targets):
+    def loss(hidden, weight, targets, *options):
         calls["n"] += 1
-        value = real(hidden, weight, targets)
-        return value * float("nan") if calls["n"] == call else value
+        terms = real(hidden, weight, targets, *options)
+        return type(terms)(*(t * float("nan") for t in terms)) if calls["n"] == call else terms
 
     return loss
 
@@ -160,12 +160,16 @@ def test_rerunning_a_finished_run_trains_nothing_and_writes_nothing(tmp_path, ca
     "override, allowed",
     [
         ("train.nan_policy=ignore", "[stop, skip, record]"),
-        ("norm.placement=sandwich", "[pre, post, peri, reordered]"),
+        ("norm.placement=sandwich", "[pre, post, peri, reordered, deepnorm, mix_ln]"),
         ("norm.qk_axis=rows", "[head, all]"),
         ("norm.gain=unit", "[standard, one_plus, none]"),
         ("norm.roles.q.gain=unit", "[standard, one_plus, none]"),
         ("train.precision=fp16", "[auto, fp32, bf16]"),
         ("logger.mode=live", "[auto, online, offline, disabled]"),
+        ("norm.depth_scaling=sqrt", "[none, inverse_sqrt]"),
+        ("model.embed_scale=sqrt", "[none, sqrt_d, learned]"),
+        ("model.init_out_scale=small", "[inverse_sqrt_2l, none]"),
+        ("train.weight_decay_mode=decoupled", "[coupled, independent]"),
     ],
 )
 def test_a_choice_key_with_a_value_outside_its_choices_is_refused_at_composition(override, allowed):
@@ -198,6 +202,24 @@ DESIGN_VARIANTS = {
     "DyT stream, RMSNorm on q/k": ("norm=dyt", "norm.qk=rmsnorm"),
     "zero-centred gain, fused": ("norm=fused_rmsnorm", "norm.gain=one_plus", "norm.placement=peri"),
     "no gain": ("norm.gain=none",),
+    # The design space's second part: logit controls, depth, the papers' recipes.
+    "z-loss": ("train.z_loss=1e-4",),
+    "final soft-cap": ("model.logit_softcap=30",),
+    "attention soft-cap": ("model.attn_softcap=50",),
+    "QK-clip": ("train.qk_clip=100",),
+    "LayerNorm Scaling": ("norm.depth_scaling=inverse_sqrt", "model.init_out_scale=none"),
+    "Mix-LN": ("norm.placement=mix_ln", "norm.post_fraction=0.5"),
+    "DeepNorm": ("norm.placement=deepnorm",),
+    "DyT recipe": ("norm=dyt", "norm.bias=false", "model.embed_scale=learned"),
+    "Gemma embedding scale": ("model.embed_scale=sqrt_d",),
+    "independent decay": ("train.weight_decay_mode=independent", "train.weight_decay=1e-4"),
+    "composite": (
+        "norm=dyt",
+        "model.embed_scale=learned",
+        "norm.placement=mix_ln",
+        "norm.post_fraction=0.25",
+        "train.z_loss=1e-4",
+    ),  # fmt: skip
 }
 
 
@@ -214,6 +236,20 @@ def test_design_space_variants_train_through_train_py(variant, tmp_path, cache_d
     assert set(record["runtime"]["norm_roles"]) == {k.split("/")[1] for k in last if k.endswith("/in_rms")}
 
 
+def test_the_logit_controls_log_what_they_do(tmp_path, cache_dir):
+    run_tiny(tmp_path, cache_dir, 2, "train.z_loss=1e-2", "train.qk_clip=1e-3", "model.logit_softcap=5")
+    rows = read_metrics(tmp_path)
+    assert all(r["train/z_loss"] > 0 for r in rows if "train/loss" in r)
+    # tau far below the logits at init: every head of both layers is clipped at the first step; after
+    # that clip the logits sit near tau, so the next step clips only those that grew past it again.
+    clipped = [r["train/qk_clipped_heads"] for r in rows if "train/loss" in r]
+    assert clipped[0] == 8 and 0 <= clipped[1] <= 8
+    last = rows[-1]
+    assert last["logits/max"] <= 5 and "logits/log_z" in last and "attn/layers.1/heads.3/max_logit" in last
+    record = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert record["variant"] == "rmsnorm-softcap5-zloss0.01-qkclip0.001"
+
+
 def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
     run_tiny(tmp_path, cache_dir, 2, *DESIGN_VARIANTS["DyT per role"])
     last = read_metrics(tmp_path)[-1]
@@ -228,6 +264,15 @@ def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
     [
         ("norm.qk=batchnorm", "unknown norm 'batchnorm'"),
         ("norm.alpha_init=0.5", "'rmsnorm' does not take option\\(s\\) alpha_init"),
+        ("train.z_loss=-1e-4", "train.z_loss must be >= 0"),
+        ("train.qk_clip=0", "train.qk_clip must be > 0"),
+        ("train.qk_clip=-5", "train.qk_clip must be > 0"),
+        ("model.logit_softcap=0", "model.logit_softcap must be > 0"),
+        ("model.attn_softcap=-50", "model.attn_softcap must be > 0"),
+        ("norm.post_fraction=1.5", "norm.post_fraction must be in \\[0, 1\\]"),
+        ("norm.layer_placements=[pre,post,pre]", "norm.layer_placements has 3 entries for model.n_layers=2"),
+        ("norm.layer_placements=[pre,side]", "unknown norm.placement 'side'; choose one of: pre, post"),
+        ("train.qk_clip=100 norm.qk=rmsnorm", "use one of train.qk_clip and norm.qk, not both"),
     ],
 )
 def test_bad_design_choices_fail_before_the_data_is_loaded(override, message, tmp_path, monkeypatch):
@@ -236,7 +281,7 @@ def test_bad_design_choices_fail_before_the_data_is_loaded(override, message, tm
 
     monkeypatch.setattr(training_setup, "build_data", no_data)
     with pytest.raises(ConfigError, match=message):
-        run_tiny(tmp_path, str(tmp_path / "cache"), 1, override)
+        run_tiny(tmp_path, str(tmp_path / "cache"), 1, *override.split())
     assert not (tmp_path / "config.yaml").exists()
 
 
@@ -298,7 +343,9 @@ def test_weight_decay_only_on_matrices():
     from model import ModelConfig, Transformer
 
     model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, norm="layernorm"))
-    cfg = SimpleNamespace(weight_decay=0.1, decay_norms_and_embeddings=False, lr=1e-3, beta1=0.9, beta2=0.95)
+    cfg = SimpleNamespace(
+        weight_decay=0.1, weight_decay_mode="coupled", decay_norms_and_embeddings=False, lr=1e-3, beta1=0.9, beta2=0.95
+    )
     decay, no_decay = build_optimizer(model, cfg, torch.device("cpu")).param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(names[id(p)].endswith("proj.weight") for p in decay["params"])

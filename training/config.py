@@ -17,11 +17,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from analysis.claims import Claim
-from model.blocks import BLOCKS
-from model.config import ModelConfig
+from model.blocks import PLACEMENTS
+from model.config import DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
 from model.norm_roles import QK_AXES, ROLES
 from norms import GAINS, NORM_NAMES, norm_class, norm_options
 from training.nonfinite import NAN_POLICIES
+from training.optim import WEIGHT_DECAY_MODES
 from training.run_record import register_run_name_resolvers
 from training.runtime import PRECISIONS
 from training.sinks import WANDB_MODES
@@ -48,12 +49,16 @@ def _choice(name: str, values) -> type[Choice]:
     return Choice(name, {value: value for value in values}, module=__name__)  # picklable by name (joblib sweeps)
 
 
-Placement = _choice("Placement", BLOCKS)  # the block variants of model/blocks.py
+Placement = _choice("Placement", PLACEMENTS)  # the block variants of model/blocks.py, and mix_ln
 QKAxis = _choice("QKAxis", QK_AXES)
 Gain = _choice("Gain", GAINS)
 NanPolicy = _choice("NanPolicy", NAN_POLICIES)
 Precision = _choice("Precision", PRECISIONS)
 WandbMode = _choice("WandbMode", WANDB_MODES)
+DepthScaling = _choice("DepthScaling", DEPTH_SCALINGS)
+EmbedScale = _choice("EmbedScale", EMBED_SCALES)
+InitOutScale = _choice("InitOutScale", INIT_OUT_SCALES)
+WeightDecayMode = _choice("WeightDecayMode", WEIGHT_DECAY_MODES)
 CHOICES = {"gain": Gain}  # norm options with a fixed set of values
 
 
@@ -112,6 +117,10 @@ class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
     qk: Optional[str] = None  # a norm type for q and k inside attention (QK-norm), or null for none
     qk_axis: QKAxis = QKAxis.head  # type: ignore[valid-type]  # head: per attention head (Qwen3) | all: over all heads (OLMo 2)
     roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
+    # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers, pre-norm after (Mix-LN)
+    post_fraction: float = 0.25
+    layer_placements: Optional[List[str]] = None  # one placement per layer, e.g. [post, post, pre, pre]
+    depth_scaling: DepthScaling = DepthScaling.none  # type: ignore[valid-type]  # inverse_sqrt: LayerNorm Scaling
 
     def role_options(self) -> Dict[str, Dict[str, Any]]:
         """The options set for single roles, e.g. {"attn_in": {"alpha_init": 0.8}}."""
@@ -120,13 +129,24 @@ class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
 
 # The model group holds the decoder's shape: every ModelConfig field except the norm (chosen by
 # the norm group), plus a preset name used in run names.
+_NORM_GROUP_FIELDS = (
+    "norm", "norm_options", "placement", "layer_placements", "post_fraction", "qk_norm", "qk_axis",
+    "norm_role_options", "norm_depth_scaling",
+)  # fmt: skip
+_MODEL_CHOICES = {"embed_scale": EmbedScale, "init_out_scale": InitOutScale}
 ModelPreset = dataclasses.make_dataclass(
     "ModelPreset",
     [("name", str, field(default="custom"))]
     + [
-        (f.name, f.type, field(default=f.default) if f.default is not dataclasses.MISSING else field())
+        (
+            f.name,
+            _MODEL_CHOICES.get(f.name, f.type),
+            field(default=_MODEL_CHOICES[f.name](f.default) if f.name in _MODEL_CHOICES else f.default)
+            if f.default is not dataclasses.MISSING
+            else field(),
+        )
         for f in dataclasses.fields(ModelConfig)
-        if f.name not in ("norm", "norm_options", "placement", "qk_norm", "qk_axis", "norm_role_options")
+        if f.name not in _NORM_GROUP_FIELDS
     ],
 )
 
@@ -166,7 +186,13 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 50
+    # coupled: AdamW's decay, lr * weight_decay per step. independent: weight_decay is the per-step
+    # shrink at the schedule's peak, scaled by the schedule only (Wortsman et al. use 1e-4; 0.1
+    # would shrink every matrix by 10% a step there), so sweeping the rate does not sweep the decay.
     weight_decay: float = 0.1
+    weight_decay_mode: WeightDecayMode = WeightDecayMode.coupled  # type: ignore[valid-type]
+    z_loss: float = 0.0  # coef * mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4); logged as train/z_loss
+    qk_clip: Optional[float] = None  # tau: after each step, heads whose largest logit exceeded it are rescaled
     decay_norms_and_embeddings: bool = False
     beta1: float = 0.9
     beta2: float = 0.95
@@ -207,7 +233,7 @@ class Config:
     device: str = "auto"  # auto: cuda, else mps, else cpu
     cpu_threads: Optional[int] = None  # None: this process's share of the cores (training/cpu_threads.py)
     # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
-    variant: str = "${norm_variant:${norm.name},${norm.placement},${norm.qk},${norm.qk_axis},${norm.gain}}"
+    variant: str = "${norm_variant:${norm.name},${norm.placement},${norm.qk},${norm.qk_axis},${norm.gain},${norm.depth_scaling},${norm.post_fraction},${model.embed_scale},${model.init_out_scale},${model.logit_softcap},${model.attn_softcap},${train.z_loss},${train.qk_clip},${train.weight_decay_mode}}"
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
@@ -247,14 +273,21 @@ def build_model_config(cfg, vocab_size: int) -> ModelConfig:
         norm=norm.name,
         norm_options=norm.options(),
         placement=plain(norm.placement),
+        layer_placements=None if norm.layer_placements is None else list(norm.layer_placements),
+        post_fraction=norm.post_fraction,
         qk_norm=norm.qk,
         qk_axis=plain(norm.qk_axis),
+        norm_depth_scaling=plain(norm.depth_scaling),
         norm_role_options=norm.role_options(),
     )
 
 
 # Overrides of these keys show in the readable part of a run name; others add a short hash.
-RUN_NAME_KEYS = ("norm", "model", "seed", "run_name", "norm.placement", "norm.qk", "norm.qk_axis", "norm.gain")
+RUN_NAME_KEYS = (
+    "norm", "model", "seed", "run_name", "norm.placement", "norm.qk", "norm.qk_axis", "norm.gain",
+    "norm.depth_scaling", "norm.post_fraction", "model.embed_scale", "model.init_out_scale", "model.logit_softcap",
+    "model.attn_softcap", "train.z_loss", "train.qk_clip", "train.weight_decay_mode",
+)  # fmt: skip
 
 
 def register_configs() -> None:

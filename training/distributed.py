@@ -39,6 +39,12 @@ class Distributed:
         dist.all_reduce(tensor)
         return tensor.item() / self.world_size
 
+    def max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` replaced, in place, by its elementwise maximum across processes."""
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
     def all_true(self, flag: bool, device: torch.device) -> bool:
         """Whether ``flag`` holds on every process (a collective: every process must call it)."""
         return self.mean(float(flag), device) == 1.0

@@ -1,4 +1,14 @@
-"""AdamW with weight decay on matrices only, and the warmup + cosine learning-rate schedule."""
+"""AdamW with weight decay on matrices only, and the warmup + cosine learning-rate schedule.
+
+Weight decay comes in two forms (``train.weight_decay_mode``):
+
+- ``coupled`` (torch's AdamW): theta <- theta - lr(t) * lambda * theta, so the decay scales with
+  the learning rate and a learning-rate sweep also sweeps the decay;
+- ``independent`` (Loshchilov & Hutter's original form; Wortsman et al. 2023):
+  theta <- theta - lambda * s(t) * theta, with s(t) = lr(t) / lr the schedule's factor. It is
+  AdamW with decay lambda / lr: lr(t) * lambda / lr = lambda * s(t), applied at the same point of
+  the step.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +16,15 @@ import math
 
 import torch
 from torch import nn
+
+WEIGHT_DECAY_MODES = ("coupled", "independent")
+
+
+def adamw_weight_decay(train_cfg) -> float:
+    """The decay AdamW is given so that it applies ``train.weight_decay`` in the configured mode."""
+    if train_cfg.weight_decay_mode == "independent":
+        return train_cfg.weight_decay / train_cfg.lr
+    return train_cfg.weight_decay
 
 
 def build_optimizer(model: nn.Module, train_cfg, device: torch.device) -> torch.optim.AdamW:
@@ -21,7 +40,7 @@ def build_optimizer(model: nn.Module, train_cfg, device: torch.device) -> torch.
         is_matrix = param.dim() >= 2 and "embeddings" not in name
         (decay if is_matrix or train_cfg.decay_norms_and_embeddings else no_decay).append(param)
     groups = [
-        {"params": decay, "weight_decay": train_cfg.weight_decay},
+        {"params": decay, "weight_decay": adamw_weight_decay(train_cfg)},
         {"params": no_decay, "weight_decay": 0.0},
     ]
     # The fused implementation is fastest on CUDA; foreach elsewhere.

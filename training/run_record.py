@@ -204,15 +204,42 @@ def overrides_tag(overrides: list[str], readable_keys: tuple[str, ...]) -> str:
     return "-h" + hashlib.sha1("\n".join(sorted(kept)).encode()).hexdigest()[:6]
 
 
-def norm_variant(name: str, placement: str, qk: str | None, qk_axis: str, gain: str | None) -> str:
-    """A readable label of a norm design choice: ``rmsnorm``, ``rmsnorm-peri-qk``, ``dyt-qk_rmsnorm_all``."""
+def norm_variant(
+    name: str,
+    placement: str,
+    qk: str | None,
+    qk_axis: str,
+    gain: str | None,
+    depth_scaling: str = "none",
+    post_fraction: float = 0.25,
+    embed_scale: str = "none",
+    init_out_scale: str = "inverse_sqrt_2l",
+    logit_softcap: float | None = None,
+    attn_softcap: float | None = None,
+    z_loss: float = 0.0,
+    qk_clip: float | None = None,
+    weight_decay_mode: str = "coupled",
+) -> str:
+    """A readable label of a design choice: ``rmsnorm``, ``rmsnorm-peri-qk``, ``dyt-qk_rmsnorm_all``,
+    ``rmsnorm-mix_ln0.25-zloss0.0001``; each choice at its default adds nothing."""
     parts = [name]
     if placement != "pre":
-        parts.append(placement)
+        parts.append(f"mix_ln{post_fraction:g}" if placement == "mix_ln" else placement)
     if qk:
         parts.append("qk" + ("" if qk == name else f"_{qk}") + ("_all" if qk_axis == "all" else ""))
     if gain and gain != "standard":
         parts.append(f"gain_{gain}")
+    optional = (
+        ("lns", depth_scaling != "none"),
+        (f"embed_{embed_scale}", embed_scale != "none"),
+        ("init_out_none", init_out_scale == "none"),
+        (f"softcap{logit_softcap:g}" if logit_softcap else "", logit_softcap is not None),
+        (f"attncap{attn_softcap:g}" if attn_softcap else "", attn_softcap is not None),
+        (f"zloss{z_loss:g}", bool(z_loss)),
+        (f"qkclip{qk_clip:g}" if qk_clip else "", qk_clip is not None),
+        ("wd_independent", weight_decay_mode == "independent"),
+    )
+    parts += [label for label, present in optional if present]
     return "-".join(parts)
 
 

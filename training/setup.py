@@ -36,6 +36,7 @@ from training.data import Data, build_data
 from training.distributed import Distributed
 from training.nonfinite import NonFinitePolicy
 from training.optim import build_optimizer
+from training.qk_clip import attentions
 from training.run_record import check_resume
 from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
 from training.sinks import Sinks, open_sinks
@@ -115,12 +116,28 @@ def plan_run(cfg: DictConfig, dist: Distributed, device: torch.device) -> Plan:
     if seq_len > cfg.model.max_seq_len:
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = plan_batches(cfg.train, seq_len, dist.world_size)
+    check_logit_controls(cfg)
     try:  # the model on the meta device (no memory, no data): a bad norm choice fails here, first
         with torch.device("meta"):
             Transformer(build_model_config(cfg, cfg.data.vocab_size))
     except ValueError as err:
         raise ConfigError(f"model/norm config: {err}") from err
     return Plan(precision, cpu_threads, threads_why, seq_len, global_batch, accum)
+
+
+def check_logit_controls(cfg: DictConfig) -> None:
+    if cfg.train.z_loss < 0:
+        raise ConfigError(f"train.z_loss must be >= 0 (0 turns it off; PaLM uses 1e-4), got {cfg.train.z_loss}")
+    if cfg.train.qk_clip is not None:
+        if not cfg.train.qk_clip > 0:
+            raise ConfigError(
+                f"train.qk_clip must be > 0 (the largest logit a head keeps) or null, got {cfg.train.qk_clip}"
+            )
+        if cfg.norm.qk is not None:
+            raise ConfigError(
+                "train.qk_clip rescales the q and k projections, which QK-norm normalizes away: "
+                "use one of train.qk_clip and norm.qk, not both"
+            )
 
 
 def check_run_identity(cfg: DictConfig, run_dir: Path, plan: Plan) -> dict | None:
@@ -160,9 +177,13 @@ def build_model(cfg: DictConfig, data: Data, device: torch.device) -> tuple[Tran
     seed_everything(cfg.seed)
     try:
         model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size())
-        return Transformer(model_cfg).to(device), model_cfg
+        model = Transformer(model_cfg).to(device)
     except ValueError as err:  # a bad model shape or norm option
         raise ConfigError(f"model/norm config: {err}") from err
+    if cfg.train.qk_clip is not None:
+        for attention in attentions(model):
+            attention.track_max_logits()
+    return model, model_cfg
 
 
 def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data, cfg: DictConfig, dist: Distributed):

@@ -40,10 +40,11 @@ class FusedRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None or kernel_backend(x.device) == "reference":
             return super().forward(x, residual)
-        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.k, **self._options())
+        normalized, total = fused_add_rms_norm(x, residual, self.weight, self.eps, self.k, **self._options())
+        return self.scaled(normalized), total
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
-        return self.gain_or_ones() if self.k == self.dim else None
+        return self.gain_or_ones() * self.output_scale if self.k == self.dim else None
 
     def backend(self, device: torch.device | str) -> str:
         backend = kernel_backend(device)

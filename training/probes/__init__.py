@@ -17,12 +17,13 @@ from torch import nn
 from training.probes.attention import AttentionLogits
 from training.probes.base import Probe, feature_kurtosis, sync
 from training.probes.gradients import GRADIENT_KEYS, layer_grad_norms
+from training.probes.logits import OutputLogits
 from training.probes.norm_io import NormInputOutput
 from training.probes.stream import ResidualStream
 from training.probes.timing import NormTime
 
 # NormTime first: its hooks then run before any other probe's on the same module.
-PROBES: tuple[type[Probe], ...] = (NormTime, NormInputOutput, ResidualStream, AttentionLogits)
+PROBES: tuple[type[Probe], ...] = (NormTime, NormInputOutput, ResidualStream, AttentionLogits, OutputLogits)
 
 # Keys the training loop and the evaluation write themselves.
 LOOP_KEYS = (
@@ -33,6 +34,8 @@ LOOP_KEYS = (
     "train/grad_norm",
     "train/tokens",
     "train/last_finite_loss",
+    "train/z_loss",  # coefficient included; train/loss stays the cross-entropy
+    "train/qk_clipped_heads",  # heads whose projections QK-clip rescaled after this step
     "val/loss",
     "val/ppl",
     "val/bpb",
