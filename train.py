@@ -63,16 +63,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 refusal = err
         if not dist.all_true(refusal is None, device):
             raise refusal or RunLockedError(f"rank 0 could not lock {run_dir}; see its log")
-        run = build_run(cfg, run_dir, device, dist)
-        if run is None:
-            return {}
-        try:
-            return train_loop(run)
-        finally:
-            run.sinks.close()
+        return build_and_train(cfg, run_dir, device, dist)
     finally:
         lock.release()
         dist.close()
+
+
+def build_and_train(cfg: DictConfig, run_dir: Path, device: torch.device, dist) -> dict[str, float]:
+    """A function of its own so that the run (and its DDP wrapper) is freed when it returns: a DDP
+    wrapper destroyed after its process group hangs in gloo's destructor."""
+    run = build_run(cfg, run_dir, device, dist)
+    if run is None:
+        return {}
+    try:
+        return train_loop(run)
+    finally:
+        run.sinks.close()
 
 
 def train_step(run: TrainingRun, step: int) -> tuple[float, float, float]:

@@ -1,7 +1,8 @@
 """Compare any training runs without wandb: plots and a Markdown summary, grouped by a config key.
 
-The library behind ``scripts/compare_runs.py``. Runs are grouped by a config key (the norm
-variant, e.g. ``rmsnorm-peri-qk``, by default) and seeds are pooled: curves show the mean over
+The library behind ``scripts/compare_runs.py``. Runs are grouped by a config key, by default by
+every key they differ in except the seed (their variant, e.g. ``rmsnorm-peri-qk``, and, say, the
+learning rate), so only seeds are pooled: curves show the mean over
 a group's runs with a band of one standard deviation. The summary compares each group's final
 validation metric with the baseline group's, with Welch's t-test when both have at least two runs.
 """
@@ -15,7 +16,17 @@ from pathlib import Path
 
 from analysis.keys import instances, metric_key
 from analysis.plots import pyplot, save
-from analysis.runs import BASELINE, Run, RunsError, check_comparable, default_baseline, find_runs, group_runs
+from analysis.runs import (
+    BASELINE,
+    SWEPT,
+    Run,
+    RunsError,
+    check_comparable,
+    default_baseline,
+    find_runs,
+    group_runs,
+    swept_keys,
+)
 from analysis.stats import welch_p_value
 
 NORM_IN_RMS = metric_key("act/{norm}/in_rms")
@@ -179,6 +190,8 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     runs = find_runs(inputs)
     check_comparable(runs, metric)
     groups = group_runs(runs, group_by)
+    swept = ", ".join(f"`{key}`" for key in swept_keys(runs))
+    grouping = f"`{group_by}`" if group_by != SWEPT else "`variant`" + (f" and {swept}" if swept else "")
     if baseline is None:
         baseline = default_baseline(groups)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,12 +200,13 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     plot_activations(groups, out / "activations.png")
     plot_gains(groups, out / "gains.png")
     runs_list = "\n".join(
-        f"- `{r.path}` ({group_by}={r.lookup(group_by)}, seed {r.config.get('seed')}, {r.status()}"
+        f"- `{r.path}` ({group_by}={r.lookup(group_by) if group_by != SWEPT else r.config['variant']}, "
+        f"seed {r.config.get('seed')}, {r.status()}"
         f"{'; its last metrics line was cut off and is left out' if r.torn_tail else ''})"
         for r in runs
     )
     summary = (
-        f"# Run comparison, grouped by `{group_by}`\n\n{summary_table(groups, metric, baseline)}\n\n"
+        f"# Run comparison, grouped by {grouping}\n\n{summary_table(groups, metric, baseline)}\n\n"
         f"Final {metric}: mean ± standard deviation over each group's runs (seeds pooled). "
         "Throughput, MFU and time in norms are medians over logged steps, averaged over runs.\n\n"
         f"Plots: loss.png, throughput.png, activations.png, gains.png\n\nRuns:\n{runs_list}\n"
@@ -206,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs", nargs="+", help="run directories, sweep directories or globs")
     parser.add_argument("--out", type=Path, default=Path("comparison"))
     parser.add_argument(
-        "--group-by", default="variant", help="a dotted config key (default: variant, e.g. rmsnorm-peri-qk)"
+        "--group-by",
+        default=SWEPT,
+        help="a dotted config key, or swept (default): the variant and every other key the runs differ in "
+        "except the seed, e.g. 'rmsnorm-qk, train.lr=0.01'",
     )
     parser.add_argument("--metric", default="val/loss", help="final metric to compare (val/loss or val/bpb)")
     parser.add_argument("--baseline", default=None, help=f"group to compare against (default: {BASELINE} if present)")

@@ -16,9 +16,13 @@ from pathlib import Path
 import yaml
 
 from analysis.metrics import MetricsFileError, diverged_step, read_metrics
+from training.run_record import flatten, is_free
 
 # The variant every comparison is made against unless told otherwise.
 BASELINE = "rmsnorm"
+# Grouping by this "key" groups by every config key the runs differ in except the seed, so runs
+# of different learning rates (or models, or steps) are never pooled as if they were seeds.
+SWEPT = "swept"
 
 
 class RunsError(ValueError):
@@ -128,14 +132,34 @@ def check_comparable(runs: list[Run], metric: str) -> None:
         )
 
 
+def swept_keys(runs: list[Run]) -> list[str]:
+    """The config keys whose values differ between the runs and that change what a run computes
+    (not the seed, nor a free key such as logging intervals; not ``runtime`` or ``resumes``), that
+    the variant label does not already tell apart."""
+    flat = [{k: v for k, v in flatten(r.config).items() if not k.startswith(("runtime.", "resumes"))} for r in runs]
+    keys = sorted({k for f in flat for k in f if not is_free(k) and k != "seed"})
+    differ = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
+    by_variant = defaultdict(list)
+    for f in flat:
+        by_variant[f.get("variant")].append(f)
+    return [k for k in differ if any(len({repr(f.get(k)) for f in group}) > 1 for group in by_variant.values())]
+
+
 def group_runs(runs: list[Run], group_by: str) -> dict[str, list[Run]]:
-    """Runs by the value of a dotted config key, sorted by that value's text."""
+    """Runs by the value of a dotted config key, sorted by that value's text. ``SWEPT``: by the
+    variant and every other swept key (``rmsnorm, train.lr=0.01``)."""
+    extra = swept_keys(runs) if group_by == SWEPT else []
     groups: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
-        groups[str(run.lookup(group_by))].append(run)
+        label = str(run.lookup("variant" if group_by == SWEPT else group_by))
+        label += "".join(f", {key}={flatten(run.config).get(key)}" for key in extra)
+        groups[label].append(run)
     return dict(sorted(groups.items()))
 
 
 def default_baseline(groups) -> str:
-    """``BASELINE`` when it is one of the groups, else the first group."""
-    return BASELINE if BASELINE in groups else next(iter(groups))
+    """``BASELINE`` when it is one of the groups (or the first group of its variant, when the groups
+    are labelled by swept keys too), else the first group."""
+    if BASELINE in groups:
+        return BASELINE
+    return next((g for g in groups if g.startswith(BASELINE + ", ")), next(iter(groups)))

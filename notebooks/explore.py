@@ -36,7 +36,15 @@ def _():
     from analysis.kernel_bench import run as bench_norms_run
     from analysis.keys import metric_key
     from analysis.norm_properties import invariance_table, prefix_rms_error, registered_norms
-    from analysis.runs import RunsError, check_comparable, default_baseline, find_run_dirs, load_run
+    from analysis.runs import (
+        SWEPT,
+        RunsError,
+        check_comparable,
+        default_baseline,
+        find_run_dirs,
+        group_runs,
+        load_run,
+    )
 
     LAYER_PANELS = {
         "residual-stream RMS": metric_key("act/layers.{i}/stream_rms"),
@@ -49,6 +57,7 @@ def _():
         ARGS,
         IMPLEMENTATIONS,
         LAYER_PANELS,
+        SWEPT,
         Path,
         ROOT,
         RunsError,
@@ -58,6 +67,7 @@ def _():
         defaultdict,
         find_run_dirs,
         go,
+        group_runs,
         invariance_table,
         load_run,
         make_subplots,
@@ -316,7 +326,7 @@ def _(load_seconds, mo, runs, runs_folder, skipped_runs):
 
 
 @app.cell
-def _(RunsError, mo, runs):
+def _(RunsError, SWEPT, mo, runs):
     FILTER_KEYS = ("variant", "norm.name", "norm.placement", "train.lr", "seed", "model.name")
 
     def config_value(run, key):
@@ -330,7 +340,7 @@ def _(RunsError, mo, runs):
     run_filters = mo.ui.dictionary(
         {key: mo.ui.multiselect(options=values, value=values, label=key) for key, values in _choices.items()}
     )
-    group_by = mo.ui.dropdown(options=list(FILTER_KEYS), value="variant", label="group by")
+    group_by = mo.ui.dropdown(options=[SWEPT, *FILTER_KEYS], value=SWEPT, label="group by")
     return config_value, group_by, run_filters
 
 
@@ -369,12 +379,15 @@ def _(
 
 
 @app.cell
-def _(config_value, defaultdict, group_by, mo, qualitative, selected_runs):
+def _(SWEPT, config_value, defaultdict, group_by, group_runs, mo, qualitative, selected_runs):
     mo.stop(not selected_runs, mo.callout(mo.md("No run matches the filters: select more values."), kind="warn"))
-    run_groups = defaultdict(list)
-    for _run in selected_runs:
-        run_groups[config_value(_run, group_by.value)].append(_run)
-    run_groups = dict(sorted(run_groups.items()))
+    if group_by.value == SWEPT:  # the variant and every other swept key but the seed: seeds alone are pooled
+        run_groups = group_runs(selected_runs, SWEPT)
+    else:
+        run_groups = defaultdict(list)
+        for _run in selected_runs:
+            run_groups[config_value(_run, group_by.value)].append(_run)
+        run_groups = dict(sorted(run_groups.items()))
     group_colors = {name: qualitative.Plotly[i % 10] for i, name in enumerate(run_groups)}
     return group_colors, run_groups
 

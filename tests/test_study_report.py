@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from analysis import study as study_report
-from analysis.runs import RunsError
+from analysis.runs import SWEPT, RunsError, default_baseline, find_runs, group_runs, swept_keys
 from analysis.stats import welch_p_value
 
 QK = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": "rmsnorm"}
@@ -162,3 +162,21 @@ def test_a_claim_with_seeds_gets_a_paired_interval_and_a_verdict(tmp_path):
     assert -0.2 - 1e-9 <= low <= high < 0 and evaluated["p"] < 0.01 and evaluated["verdict"] == "agrees"
     flipped = study_report.evaluate_claim(study_report.Claim("x", "test", "best_loss", QK, PRE, "higher"), study)
     assert flipped["verdict"] == "disagrees"
+
+
+def test_grouping_by_swept_keys_pools_only_seeds(tmp_path):
+    """compare_runs' and the explorer's default: runs of different learning rates are never pooled."""
+    root = tmp_path / "grid"
+    for seed in (0, 1):
+        for lr in (0.001, 0.01):
+            _write_run(root, "rmsnorm", lr, 4.0 + lr, seed=seed)
+            _write_run(root, "rmsnorm-qk", lr, 4.1 + lr, seed=seed)
+    runs = find_runs([str(root)])
+    assert swept_keys(runs) == ["train.lr"]
+    groups = group_runs(runs, SWEPT)
+    assert list(groups) == [
+        "rmsnorm, train.lr=0.001", "rmsnorm, train.lr=0.01", "rmsnorm-qk, train.lr=0.001", "rmsnorm-qk, train.lr=0.01"
+    ]  # fmt: skip
+    assert all(sorted(r.config["seed"] for r in g) == [0, 1] for g in groups.values())
+    assert default_baseline(groups) == "rmsnorm, train.lr=0.001"
+    assert list(group_runs(runs, "variant")) == ["rmsnorm", "rmsnorm-qk"]  # an explicit key still pools rates

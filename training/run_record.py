@@ -64,7 +64,7 @@ class RunIdentityError(ValueError):
     """The run directory holds a run of another configuration; the message says what differs."""
 
 
-def _is_free(key: str) -> bool:
+def is_free(key: str) -> bool:
     return any(key == free or key.startswith(free + ".") for free in FREE_KEYS)
 
 
@@ -82,7 +82,7 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 def identity(run_config: dict) -> dict[str, Any]:
     """The keys and values that define a run, from a config dict with its ``runtime`` section."""
     body = {k: v for k, v in run_config.items() if k not in ("runtime", "resumes")}
-    keys = {k: v for k, v in flatten(body).items() if not _is_free(k)}
+    keys = {k: v for k, v in flatten(body).items() if not is_free(k)}
     runtime = run_config.get("runtime") or {}
     keys.update({f"runtime.{k}": runtime.get(k) for k in RESOLVED_RUNTIME_KEYS})
     return keys
@@ -196,7 +196,7 @@ def overrides_tag(overrides: list[str], readable_keys: tuple[str, ...]) -> str:
     kept = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
-        if key in readable_keys or _is_free(key) or key.startswith("hydra."):
+        if key in readable_keys or is_free(key) or key.startswith("hydra."):
             continue
         kept.append(override.lstrip("+"))
     if not kept:
