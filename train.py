@@ -121,6 +121,11 @@ def measure(run: TrainingRun, step: int, done: int, last: bool, train: dict) -> 
     if every(tcfg.eval_every, done, last):
         data = run.data
         metrics.update(evaluate(run.compiled, data.val, data.token_bytes, tcfg.batch_size, run.device, run.autocast))
+        if data.heldout is not None:
+            heldout = evaluate(
+                run.compiled, data.heldout, data.token_bytes, tcfg.batch_size, run.device, run.autocast, "heldout"
+            )
+            metrics.update(heldout)
         log.info("step %d: val loss %.4f, bpb %.4f", done, metrics["val/loss"], metrics["val/bpb"])
     if every(tcfg.stats_every, done, last):
         probe_batch, _ = run.data.train.get(step, run.dist.rank * run.plan.accum * tcfg.batch_size, tcfg.batch_size)

@@ -25,6 +25,7 @@ from analysis.runs import (
     default_baseline,
     find_runs,
     group_runs,
+    loss_ceiling,
     swept_keys,
 )
 from analysis.stats import welch_p_value
@@ -63,6 +64,7 @@ def _tokens(run: Run, step: int) -> float:
 def plot_losses(groups: dict[str, list[Run]], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    ceiling = loss_ceiling([r for runs in groups.values() for r in runs])
     for row, key in enumerate(LOSS_CURVES):
         for col, (label, x_of) in enumerate((("step", None), ("tokens", _tokens), ("wall-clock s", None))):
             ax = axes[row][col]
@@ -83,6 +85,8 @@ def plot_losses(groups: dict[str, list[Run]], path: Path) -> None:
             ax.set_xlabel(label)
             ax.set_ylabel(key)
             ax.grid(alpha=0.3)
+            if ceiling is not None and ax.get_ylim()[1] > ceiling:
+                ax.set_ylim(top=ceiling)  # a diverged run leaves the axis instead of flattening the rest
     axes[0][0].legend()
     save(fig, path)
 

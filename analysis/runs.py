@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -155,6 +156,13 @@ def group_runs(runs: list[Run], group_by: str) -> dict[str, list[Run]]:
         label += "".join(f", {key}={flatten(run.config).get(key)}" for key in extra)
         groups[label].append(run)
     return dict(sorted(groups.items()))
+
+
+def loss_ceiling(runs: list[Run]) -> float | None:
+    """The top of a loss axis: 1.25 x the largest initial loss ln(vocabulary) of the runs, so one run
+    that blew up (a loss of 1e30 before its NaN) does not squeeze every other curve flat."""
+    sizes = [r.config.get("runtime", {}).get("vocab_size") for r in runs]
+    return 1.25 * math.log(max(sizes)) if sizes and all(sizes) else None
 
 
 def default_baseline(groups) -> str:

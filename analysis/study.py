@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.claims import Claim, matches, verdict
-from analysis.keys import metric_key
+from analysis.keys import fields, metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, check_comparable, find_run_dirs, layer_values, load_run
 from analysis.stats import bootstrap_ci, paired_p_value, welch_p_value
@@ -48,6 +48,9 @@ VAL_BPB = metric_key("val/bpb")
 STREAM_RMS = metric_key("act/layers.{i}/stream_rms")
 STREAM_KURTOSIS = metric_key("act/layers.{i}/stream_feature_kurtosis")
 MAX_LOGIT = metric_key("attn/layers.{i}/max_logit")
+HELDOUT_LOSS = metric_key("heldout/loss")
+GRAD_BY_LAYER = metric_key("grad/{part}").replace("{part}", "layers.{i}")
+SATURATED = metric_key("act/{norm}/saturated")
 
 
 @dataclass
@@ -245,8 +248,11 @@ def speed_table(path: Path | None, variants: list[str]) -> str:
     return "\n".join(lines)
 
 
-# A variant whose best loss stays this far (nats) above the baseline's did not really train at any
-# rate, and its LR sensitivity is low only because every rate is equally poor.
+# A variant trained when its best loss is at least this far (nats) below the unigram loss of the
+# validation windows (runtime.unigram_val_loss); runs recorded before that line existed fall back
+# to UNTRAINED_GAP above the baseline's best. Either way, a variant that did not train has a low
+# LR sensitivity only because every rate is equally poor.
+TRAINED_MARGIN = 0.3
 UNTRAINED_GAP = 0.5
 
 
@@ -264,7 +270,12 @@ class Study:
         self.seeds = sorted({r.seed for r in results})
         self.lrs = sorted({r.lr for r in results})
         base = self.summaries[baseline]
-        self.untrained = {v for v, s in self.summaries.items() if s.best_mean - base.best_mean > UNTRAINED_GAP}
+        self.unigram_loss = next((r.run.config["runtime"].get("unigram_val_loss") for r in results), None)
+        if self.unigram_loss is not None:
+            line = self.unigram_loss - TRAINED_MARGIN
+            self.untrained = {v for v, s in self.summaries.items() if s.best_mean > line}
+        else:
+            self.untrained = {v for v, s in self.summaries.items() if s.best_mean - base.best_mean > UNTRAINED_GAP}
         self.survived_lr, self.lr_above = surviving_lrs(results, baseline)
 
     def config(self, variant: str) -> dict:
@@ -330,6 +341,82 @@ STATISTICS: dict[str, Callable] = {
     "stream_growth": Study.stream_growth,
     "max_attn_logit": Study.max_attn_logit,
 }
+
+
+def seed_interval(study: Study, statistic: Callable, variant: str) -> tuple[float, float] | None:
+    """95% bootstrap interval of ``statistic`` (a Study method) over the variant's seeds, resampled whole."""
+    seeds = [s for s in study.seeds if statistic(study, variant, [s]) is not None]
+    if len(seeds) < 2:
+        return None
+    return bootstrap_ci(seeds, lambda sample: statistic(study, variant, [int(s) for s in sample]), resamples=2000)
+
+
+def heldout_best_loss(study: Study, variant: str) -> tuple[list[float], str]:
+    """The variant's per-seed loss at its best rate (chosen on the selection windows), on the held-out
+    windows when the runs logged them, else on the selection windows; and which key that is."""
+    runs = study._runs(variant, study.summaries[variant].best_lr, study.seeds)
+    heldout = [r.run.last(HELDOUT_LOSS) for r in runs]
+    if runs and all(v is not None for v in heldout) and all(r.diverged_at is None for r in runs):
+        return heldout, HELDOUT_LOSS
+    return [capped_loss(r) for r in runs], "selection windows (no held-out windows logged)"
+
+
+def explanation(study: Study, variant: str) -> str:
+    """Why a variant did not train, from its own probes at its best rate: gradient norms by layer,
+    the residual stream's growth, DyT/Derf saturation (what the run logged last)."""
+    if variant not in study.untrained:
+        return ""
+    summary = study.summaries[variant]
+    run = study._runs(variant, summary.best_lr, study.seeds)[0].run
+    rule = (
+        f"not {TRAINED_MARGIN} nats below the unigram loss {study.unigram_loss:.3f}"
+        if study.unigram_loss is not None
+        else f"more than {UNTRAINED_GAP} nats above the baseline's best"
+    )
+    parts = [f"best loss {summary.best_mean:.3f} at lr {summary.best_lr:g}, {rule}"]
+    grads = run.by_layer(GRAD_BY_LAYER)
+    if grads:
+        parts.append("gradient norm by layer " + ", ".join(f"{g:.2g}" for g in grads))
+    rms = run.by_layer(STREAM_RMS)
+    if rms:
+        parts.append(f"stream RMS {rms[0]:.3g} after block 1, {rms[-1]:.3g} after the last")
+    row = run.rows[-1]
+    saturated = [v for k, v in row.items() if fields(SATURATED, k) is not None]
+    if saturated:
+        parts.append(f"mean saturation of its DyT/Derf norms {statistics.fmean(saturated):.0%}")
+    return "; ".join(parts)
+
+
+def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
+    """The study's machine-readable results (study.json)."""
+    variants = {}
+    for name, summary in study.summaries.items():
+        best, best_key = heldout_best_loss(study, name)
+        variants[name] = {
+            "best_lr": summary.best_lr,
+            "best_lr_inside_grid": study.lrs[0] < summary.best_lr < study.lrs[-1],
+            "best_loss": {
+                "mean": statistics.fmean(best) if best else None,
+                "ci95": bootstrap_ci(best) if len(best) > 1 else None,
+                "seeds": len(best),
+                "measured_on": best_key,
+            },
+            "lr_sensitivity": {"value": summary.sensitivity, "ci95": seed_interval(study, Study.lr_sensitivity, name)},
+            "trained": name not in study.untrained,
+            "explanation": explanation(study, name),
+        }
+    return {
+        "metric": metric,
+        "initial_loss": study.results[0].initial_loss,
+        "unigram_loss": study.unigram_loss,
+        "learning_rates": study.lrs,
+        "cells": [
+            {"variant": r.variant, "lr": r.lr, "seed": r.seed, "loss": r.final, "diverged": r.diverged_at is not None}
+            for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
+        ],
+        "variants": variants,
+        "claims": [{**c, "ci95": list(c["ci95"]) if c.get("ci95") else None} for c in evaluated],
+    }
 
 
 def evaluate_claim(claim: Claim, study: Study) -> dict:
@@ -421,10 +508,14 @@ def observations(study: Study) -> list[str]:
         + f". The baseline ({baseline}) reaches its best loss {base.best_mean:.4f} at lr {base.best_lr:g}."
     ]
     if study.untrained:
+        rule = (
+            f"not {TRAINED_MARGIN} nats below the unigram loss of the validation windows ({study.unigram_loss:.3f})"
+            if study.unigram_loss is not None
+            else f"more than {UNTRAINED_GAP} nats above {baseline}'s"
+        )
         lines.append(
-            f"{', '.join(sorted(study.untrained))}: best loss more than {UNTRAINED_GAP} nats above {baseline}'s at "
-            "every learning rate, so they did not train in this budget; their low LR sensitivity means equally poor "
-            "at every rate, not stable."
+            f"{', '.join(sorted(study.untrained))}: best loss {rule} at every learning rate, so they did not train "
+            "in this budget; their low LR sensitivity means equally poor at every rate, not stable."
         )
     for s in summaries.values():
         if s.variant == baseline:
@@ -520,6 +611,7 @@ At lr {base.best_lr:g} (the baseline's best), end of training:
     if skipped:
         report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
     (out / "report.md").write_text(report)
+    (out / "study.json").write_text(json.dumps(study_json(study, metric, evaluated), indent=1))
     return out / "report.md"
 
 

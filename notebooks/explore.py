@@ -44,6 +44,7 @@ def _():
         find_run_dirs,
         group_runs,
         load_run,
+        loss_ceiling,
     )
 
     LAYER_PANELS = {
@@ -70,6 +71,7 @@ def _():
         group_runs,
         invariance_table,
         load_run,
+        loss_ceiling,
         make_subplots,
         math,
         mo,
@@ -393,7 +395,7 @@ def _(SWEPT, config_value, defaultdict, group_by, group_runs, mo, qualitative, s
 
 
 @app.cell
-def _(go, group_colors, metric, run_groups, x_axis):
+def _(go, group_colors, loss_ceiling, math, metric, run_groups, x_axis):
     def x_values(run, steps):
         if x_axis.value == "tokens":
             return [s * run.config["runtime"]["global_batch_tokens"] for s in steps]
@@ -419,6 +421,12 @@ def _(go, group_colors, metric, run_groups, x_axis):
             )
     curves_figure.update_layout(title=f"{metric.value} against {x_axis.value}", height=450, yaxis_type="log")
     curves_figure.update_xaxes(title=x_axis.value)
+    _ceiling = (
+        loss_ceiling([r for _runs in run_groups.values() for r in _runs]) if metric.value.endswith("loss") else None
+    )
+    _plotted = [v for _trace in curves_figure.data for v in _trace.y if v > 0]
+    if _ceiling is not None and _plotted and max(_plotted) > _ceiling:  # a diverged run leaves the axis
+        curves_figure.update_yaxes(range=[math.log10(min(_plotted)), math.log10(_ceiling)])
     curves_figure
     return
 

@@ -1,6 +1,7 @@
 """The data pipeline, offline: default corpus, tokenizer and token caches, batches, bad input."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from training.batches import TrainBatches, validation_windows
+from training.batches import TrainBatches, heldout_windows, validation_windows
 from training.config import DataConfig
 from training.corpus import DataError, load_splits
-from training.data import build_data
+from training.data import build_data, unigram_loss
 from training.token_cache import cache_key, token_array
 from training.tokenizer import get_tokenizer, token_byte_lengths, train_bpe
 
@@ -185,3 +186,23 @@ def test_unreachable_hub_fails_fast_with_a_clear_message(tmp_path):
     assert time.perf_counter() - started < 30
     assert result.returncode != 0
     assert "roneneldan/TinyStories" in result.stderr and "data=text_files" in result.stderr
+
+
+def test_heldout_windows_are_disjoint_from_the_selection_windows():
+    tokens = np.arange(10_000, dtype=np.uint16)  # token i sits at position i: a window's tokens are its positions
+    selection = validation_windows(tokens, 63, 16)
+    heldout = heldout_windows(tokens, 63, 8, 16)
+    assert heldout.shape == (8, 64)
+    assert not set(selection.flatten().tolist()) & set(heldout.flatten().tolist())
+    assert all((row[1:] - row[:-1] == 1).all() for row in heldout)  # contiguous windows of the split
+    with pytest.raises(DataError, match="at most val_windows - 1"):
+        heldout_windows(tokens, 63, 16, 16)
+    with pytest.raises(DataError, match="cannot hold data.heldout_windows=4"):
+        heldout_windows(np.arange(400, dtype=np.uint16), 63, 4, 5)  # 5 windows of 64 in 400 tokens: no room between
+
+
+def test_unigram_loss_by_hand():
+    # Training tokens 0, 0, 1 over a vocabulary of 3, add-one smoothed: p = 3/6, 2/6, 1/6.
+    windows = torch.tensor([[1, 0, 2]])  # targets 0 and 2
+    expected = -(math.log(3 / 6) + math.log(1 / 6)) / 2
+    assert unigram_loss(np.array([0, 0, 1], dtype=np.uint16), windows, 3) == pytest.approx(expected)

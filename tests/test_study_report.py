@@ -7,8 +7,9 @@ import math
 import pytest
 import yaml
 
+from analysis import compare as compare_runs
 from analysis import study as study_report
-from analysis.runs import SWEPT, RunsError, default_baseline, find_runs, group_runs, swept_keys
+from analysis.runs import SWEPT, RunsError, default_baseline, find_runs, group_runs, loss_ceiling, swept_keys
 from analysis.stats import welch_p_value
 
 QK = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": "rmsnorm"}
@@ -101,6 +102,22 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     assert rows["dyt"].split("|")[4].strip() == "+0.9000"
     assert rows["dyt"].split("|")[5].strip() == "–"  # one seed: no p-value
     assert "identity" not in rows and "## Skipped" in report and "deep-identity-lr0.001-s0" in report
+    results = json.loads((out / "study.json").read_text())
+    assert results["learning_rates"] == [0.001, 0.01, 0.1] and results["unigram_loss"] is None
+    assert len(results["cells"]) == 12 and {
+        "variant": "rmsnorm",
+        "lr": 0.1,
+        "seed": 0,
+        "loss": None,
+        "diverged": True,
+    } in [{k: c[k] for k in ("variant", "lr", "seed", "loss", "diverged")} for c in results["cells"]]
+    rms = results["variants"]["rmsnorm"]
+    assert rms["best_lr"] == 0.01 and rms["best_lr_inside_grid"] and rms["trained"]
+    assert rms["best_loss"]["mean"] == 4.0 and rms["best_loss"]["ci95"] is None  # one seed: no interval
+    assert rms["lr_sensitivity"]["value"] == pytest.approx(((5.0 - 4.0) + (L0 - 4.0)) / 3)
+    dyt = results["variants"]["dyt"]  # 0.9 nats behind the baseline (runs without a unigram line: the fallback)
+    assert not dyt["trained"] and dyt["explanation"].startswith("best loss 4.900 at lr 0.01, more than 0.5 nats above")
+    assert {c["verdict"] for c in results["claims"]} == {"inconclusive", "not tested"}
     # The attention panels: the baseline survives 0.01 and diverges at 0.1.
     assert "at lr 0.01 (the highest the baseline survives) and 0.1 (the next one up)" in report
     assert "1 seed: no p-value" in report
@@ -180,3 +197,38 @@ def test_grouping_by_swept_keys_pools_only_seeds(tmp_path):
     assert all(sorted(r.config["seed"] for r in g) == [0, 1] for g in groups.values())
     assert default_baseline(groups) == "rmsnorm, train.lr=0.001"
     assert list(group_runs(runs, "variant")) == ["rmsnorm", "rmsnorm-qk"]  # an explicit key still pools rates
+
+
+def test_the_unigram_line_decides_who_trained_and_the_probes_explain_why(tmp_path):
+    root = tmp_path / "u"
+    for seed in (0, 1, 2):
+        for lr, (base, flat) in {0.001: (5.0, 6.1), 0.01: (4.0, 6.0), 0.1: (4.5, 6.05)}.items():
+            for variant, loss in (("rmsnorm", base + 0.01 * seed), ("dyt", flat)):
+                run = _write_run(root, variant, lr, loss, seed=seed)
+                config = yaml.safe_load((run / "config.yaml").read_text())
+                config["runtime"]["unigram_val_loss"] = 6.1
+                (run / "config.yaml").write_text(yaml.safe_dump(config))
+                with (run / "metrics.jsonl").open("a") as metrics:
+                    grads = {f"grad/layers.{i}": 0.0 if variant == "dyt" else 0.1 for i in range(3)}
+                    metrics.write(json.dumps({"step": 30, **grads, "heldout/loss": loss + 0.02}) + "\n")
+    study = study_report.Study(study_report.load_results([str(root)], "val/loss")[0], "rmsnorm")
+    assert study.untrained == {"dyt"}  # 6.0 is not 0.3 below 6.1; rmsnorm's 4.0 is
+    results = study_report.study_json(study, "val/loss", [])
+    rms = results["variants"]["rmsnorm"]
+    assert rms["best_loss"]["measured_on"] == "heldout/loss" and rms["best_loss"]["seeds"] == 3
+    assert rms["best_loss"]["mean"] == pytest.approx(4.03)  # chosen on val/loss at lr 0.01, reported held out
+    low, high = rms["best_loss"]["ci95"]
+    assert 4.02 <= low <= 4.03 <= high <= 4.04
+    low, high = rms["lr_sensitivity"]["ci95"]
+    assert low <= rms["lr_sensitivity"]["value"] <= high
+    why = results["variants"]["dyt"]["explanation"]
+    assert "not 0.3 nats below the unigram loss 6.100" in why and "gradient norm by layer 0, 0, 0" in why
+
+
+def test_a_blown_up_run_does_not_set_the_loss_axis(tmp_path):
+    run = _write_run(tmp_path / "b", "rmsnorm", 0.1, 4.0)
+    with (run / "metrics.jsonl").open("a") as metrics:
+        metrics.write(json.dumps({"step": 30, "train/loss": 1e30}) + "\n")
+    runs = find_runs([str(tmp_path / "b")])
+    assert loss_ceiling(runs) == pytest.approx(1.25 * math.log(VOCAB))
+    assert compare_runs.main([str(tmp_path / "b"), "--out", str(tmp_path / "c")]) == 0

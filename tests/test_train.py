@@ -250,6 +250,14 @@ def test_the_logit_controls_log_what_they_do(tmp_path, cache_dir):
     assert record["variant"] == "rmsnorm-softcap5-zloss0.01-qkclip0.001"
 
 
+def test_heldout_windows_and_the_unigram_line_are_logged(tmp_path, cache_dir):
+    run_tiny(tmp_path, cache_dir, 2, "data.heldout_windows=2")
+    last = read_metrics(tmp_path)[-1]
+    assert {"val/loss", "heldout/loss", "heldout/bpb"} <= set(last) and last["heldout/loss"] != last["val/loss"]
+    unigram = yaml.safe_load((tmp_path / "config.yaml").read_text())["runtime"]["unigram_val_loss"]
+    assert 0 < unigram < math.log(4096)  # token frequencies alone beat the uniform guess
+
+
 def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
     run_tiny(tmp_path, cache_dir, 2, *DESIGN_VARIANTS["DyT per role"])
     last = read_metrics(tmp_path)[-1]

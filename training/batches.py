@@ -67,4 +67,28 @@ def validation_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Te
     if count < 1:
         raise DataError(f"data.val_windows must be >= 1, got {count}")
     starts = np.linspace(0, span, num=count).round().astype(np.int64)
+    return _windows(tokens, starts, seq_len)
+
+
+def heldout_windows(tokens: np.ndarray, seq_len: int, count: int, selection: int) -> torch.Tensor:
+    """``count`` windows disjoint from the ``selection`` validation windows, each starting midway between two.
+
+    A study chooses each variant's best rate on the selection windows (``val/``) and reports its
+    loss on these (``heldout/``), so the reported best is not biased down by the choice.
+    """
+    span = len(tokens) - seq_len - 1
+    starts = np.linspace(0, span, num=selection) if selection > 1 else np.array([0.0])
+    gap = (starts[1] - starts[0]) if selection > 1 else 0.0
+    if count > selection - 1 or gap / 2 < seq_len + 2:  # a window of seq_len + 1 tokens, and rounding
+        raise DataError(
+            f"the validation split ({len(tokens)} tokens) cannot hold data.heldout_windows={count} windows of "
+            f"{seq_len + 1} tokens between data.val_windows={selection} without overlapping them: lower "
+            "data.heldout_windows (at most val_windows - 1) or data.val_windows, or hold out more text"
+        )
+    midpoints = (starts[:-1] + starts[1:]) / 2
+    chosen = midpoints[np.linspace(0, len(midpoints) - 1, num=count).round().astype(np.int64)]
+    return _windows(tokens, chosen.round().astype(np.int64), seq_len)
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> torch.Tensor:
     return torch.from_numpy(np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int64))

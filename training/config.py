@@ -174,7 +174,10 @@ class DataConfig:
     tokenizer: str = "bpe"
     vocab_size: int = 4096
     cache_dir: Optional[str] = None  # default: $XDG_CACHE_HOME/normlab or ~/.cache/normlab
-    val_windows: int = 64  # fixed validation windows (all runs evaluate the same tokens)
+    val_windows: int = 64  # fixed validation windows (all runs evaluate the same tokens): val/ keys
+    # windows disjoint from those, midway between them, logged as heldout/ keys: a study selects
+    # each variant's best rate on val/ and reports heldout/ (0: none)
+    heldout_windows: int = 0
 
 
 @dataclass

@@ -18,6 +18,7 @@ def evaluate(
     batch_size: int,
     device: torch.device,
     autocast: contextlib.AbstractContextManager,
+    prefix: str = "val",
 ) -> dict[str, float]:
     """Loss (nats/token), perplexity and bits per byte over fixed validation windows.
 
@@ -40,7 +41,7 @@ def evaluate(
         model.train(was_training)
     loss = total_nats / total_tokens
     return {
-        "val/loss": loss,
-        "val/ppl": math.exp(min(loss, 700.0)),
-        "val/bpb": total_nats / math.log(2) / max(total_bytes, 1.0),
+        f"{prefix}/loss": loss,
+        f"{prefix}/ppl": math.exp(min(loss, 700.0)),
+        f"{prefix}/bpb": total_nats / math.log(2) / max(total_bytes, 1.0),
     }

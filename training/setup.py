@@ -209,7 +209,9 @@ def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data,
     return state["step"], source, state["elapsed_s"]
 
 
-def runtime_record(model: Transformer, model_cfg: ModelConfig, plan: Plan, device, dist, compiled: bool, peak) -> dict:
+def runtime_record(
+    model: Transformer, model_cfg: ModelConfig, plan: Plan, device, dist, compiled: bool, peak, unigram_loss: float
+) -> dict:
     """What actually ran, recorded as ``runtime:`` in the run's config.yaml."""
     return {
         "norm_backend": {norm.role: norm.backend(device) for norm in model.norm_modules().values()},
@@ -221,6 +223,7 @@ def runtime_record(model: Transformer, model_cfg: ModelConfig, plan: Plan, devic
         "grad_accum": plan.accum,
         "global_batch_tokens": plan.tokens_per_step,
         "vocab_size": model_cfg.vocab_size,
+        "unigram_val_loss": unigram_loss,
         "params": sum(p.numel() for p in model.parameters()),
         "flops_per_token": model.flops_per_token(plan.seq_len),
         "peak_flops": peak[0],
@@ -253,7 +256,7 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     if dist.enabled:
         train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
     peak = peak_flops(device, plan.precision, cfg.train.peak_flops)
-    runtime = runtime_record(model, model_cfg, plan, device, dist, use_compile, peak)
+    runtime = runtime_record(model, model_cfg, plan, device, dist, use_compile, peak, data.unigram_loss)
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
     sinks = Sinks([])
     if dist.is_main:

@@ -39,6 +39,9 @@ LOOP_KEYS = (
     "val/loss",
     "val/ppl",
     "val/bpb",
+    "heldout/loss",  # data.heldout_windows: windows disjoint from val/'s
+    "heldout/ppl",
+    "heldout/bpb",
     "perf/tokens_per_sec",
     "perf/mfu",
     "perf/peak_mem_gb",
