@@ -131,7 +131,8 @@ def plot_activations(groups: dict[str, list[Run]], path: Path) -> None:
             ax.set_xlabel("step")
             ax.set_yscale("log")
             ax.grid(alpha=0.3)
-        axes[0][col].legend(fontsize=6)
+        if axes[0][col].get_lines():  # runs that logged no norm statistics draw no lines
+            axes[0][col].legend(fontsize=6)
     save(fig, path)
 
 

@@ -149,6 +149,7 @@ HF_VARIANTS = {
     "llama-untied": dict(tie_embeddings=False),
     "qwen3": dict(qk_norm="rmsnorm"),
     "olmo2": dict(placement="reordered", qk_norm="rmsnorm", qk_axis="all"),
+    "llama-layernorm-scaling": dict(norm_depth_scaling="inverse_sqrt"),  # 1/sqrt(l) folded into the gains
 }
 
 
@@ -181,6 +182,12 @@ def test_hugging_face_twin_gives_the_same_logits(variant):
         (dict(placement="reordered"), "OLMo 2 reordered with QK-norm over all heads"),
         (dict(qk_norm="rmsnorm", qk_axis="all"), "Qwen3 pre-norm with per-head QK-norm"),
         (dict(norm_options={"eps": 1e-5}, qk_norm="rmsnorm", norm_role_options={"q": {"eps": 1e-6}}), "eps"),
+        (dict(logit_softcap=30.0), "model.logit_softcap has no equivalent"),
+        (dict(attn_softcap=50.0), "model.attn_softcap has no equivalent"),
+        (dict(embed_scale="learned"), "model.embed_scale=learned has no equivalent"),
+        (dict(layer_placements=["post", "pre"]), "norm.layer_placements has no equivalent"),
+        (dict(placement="deepnorm"), "placement 'deepnorm' with QK-norm none has no Hugging Face equivalent"),
+        (dict(placement="mix_ln"), "placement 'mix_ln' with QK-norm none has no Hugging Face equivalent"),
     ],
 )
 def test_export_refuses_variants_hugging_face_lacks(overrides, reason):
