@@ -104,14 +104,15 @@ def train_step(run: TrainingRun, step: int) -> tuple[float, float, float]:
     return dist.mean(loss_sum.item(), run.device), dist.mean(z_sum.item(), run.device), grad_norm
 
 
-def measure(run: TrainingRun, step: int, done: int, last: bool, train: dict) -> dict:
-    """The metrics row of step ``done``: training numbers, validation, and the probe pass on its own batch."""
+def measure(run: TrainingRun, step: int, done: int, last: bool, step_metrics: dict) -> dict:
+    """The metrics row of step ``done``: the step's own numbers (every log_every steps), validation, and
+    the probe pass on its own batch."""
     tcfg = run.cfg.train
     metrics: dict = {"step": done}
     if every(tcfg.log_every, done, last):
         metrics.update(
             {
-                **train,
+                **step_metrics,
                 "train/tokens": done * run.plan.tokens_per_step,
                 "perf/peak_mem_gb": peak_memory_gb(run.device),
                 "perf/elapsed_s": run.elapsed(),
@@ -158,15 +159,15 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         gradients = layer_grad_norms(run.model) if every(tcfg.stats_every, done, last) else {}
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
-        train = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
+        step_metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
         if tcfg.z_loss:
-            train["train/z_loss"] = z_loss
+            step_metrics["train/z_loss"] = z_loss
         if tcfg.qk_clip is not None:
-            train["train/qk_clipped_heads"] = qk_clip(run.model, tcfg.qk_clip, dist)
+            step_metrics["train/qk_clipped_heads"] = qk_clip(run.model, tcfg.qk_clip, dist)
         run.meter.add(run.plan.tokens_per_step, time.perf_counter() - started)
         if not dist.is_main:
             continue
-        metrics = {"step": done, **gradients, **measure(run, step, done, last, train)}
+        metrics = {"step": done, **gradients, **measure(run, step, done, last, step_metrics)}
         progress.set_postfix(loss=f"{loss:.3f}")
         if quiet and "train/loss" in metrics:
             rate = metrics.get("perf/tokens_per_sec")
