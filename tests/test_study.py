@@ -66,3 +66,23 @@ def test_the_gpu_grid_is_the_same_study_on_a_larger_model_with_three_seeds():
     assert cfg.run_name == "gpu_25m-rmsnorm-qk-lr0.01-s2"
     experiment = yaml.safe_load((ROOT / "configs" / "experiment" / "stability_gpu.yaml").read_text())
     assert experiment["hydra"]["sweeper"]["params"]["seed"] == "0,1,2"
+
+
+def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir):
+    """What a cluster runs (hydra/launcher=submitit_slurm), here with the local executor: each job is a
+    process of its own that submitit starts, and the runs land in the sweep folder as with the default."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    grid = (
+        "+study=rmsnorm,layernorm",
+        "train.lr=0.001",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=5",
+    )
+    _sweep(tmp_path, cache_dir, *grid, "cpu_threads=1")
+    runs = sorted(p.name for p in tmp_path.iterdir() if (p / "config.yaml").exists())
+    assert runs == ["tiny-layernorm-lr0.001-s0", "tiny-rmsnorm-lr0.001-s0"]
+    assert all(read_metrics(tmp_path / r)[-1]["step"] == 3 for r in runs)
+    assert (tmp_path / ".submitit").is_dir()  # submitit's own job records, beside the runs
+    before = _contents(tmp_path)
+    _sweep(tmp_path, cache_dir, *grid, "cpu_threads=1")  # a resubmission finds the finished runs
+    assert _contents(tmp_path) == before
