@@ -9,6 +9,8 @@ import torch
 from model import ModelConfig, Transformer
 from training.probes import feature_kurtosis, run_probes
 from training.probes.attention import attention_stats
+from training.probes.massive import massive_stats
+from training.probes.sinks import sink_stats
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -89,3 +91,34 @@ def test_qk_norm_bounds_the_attention_logits():
     head_dim = 8
     assert logits["rmsnorm"] <= math.sqrt(head_dim) + 1e-4  # |q.k| / sqrt(d) <= |q||k| / sqrt(d) = sqrt(d)
     assert logits[None] > 10 * logits["rmsnorm"]
+
+
+def test_a_planted_massive_activation_is_found_at_its_position_and_feature():
+    torch.manual_seed(0)
+    h = torch.randn(2, 16, 32)
+    h[1, 5, 17] = -2000.0
+    stats = massive_stats(h)
+    assert (stats["position"], stats["feature"]) == (5, 17)
+    assert stats["ratio"] == pytest.approx(2000.0 / h.abs().median().item())
+    assert massive_stats(torch.randn(4, 64, 64))["ratio"] < 10  # a Gaussian: about 4-5
+
+
+def test_sink_mass_of_a_hand_made_attention_pattern():
+    # Two heads over 4 positions: head 0 puts 0.8 of every query's weight on position 0, head 1 attends to itself.
+    weights = torch.zeros(1, 2, 4, 4)
+    for q in range(4):
+        weights[0, 0, q, 0] = 0.8 if q else 1.0
+        weights[0, 0, q, q] += 0.2 if q else 0.0
+        weights[0, 1, q, q] = 1.0
+    stats = sink_stats(weights)
+    assert stats["sink_mass"] == pytest.approx((0.8 + 0.0) / 2)  # query 0 left out: it can only see itself
+    assert stats["sink_heads"] == 0.5  # one of two heads above 0.3
+
+
+def test_the_probe_pass_reports_sinks_and_massive_activations_per_layer():
+    torch.manual_seed(0)
+    model = Transformer(tiny())
+    metrics = _probe(model, torch.randint(0, 97, (2, 12)))
+    for i in range(2):
+        assert 0 <= metrics[f"attn/layers.{i}/sink_mass"] <= 1 and 0 <= metrics[f"attn/layers.{i}/sink_heads"] <= 1
+        assert metrics[f"act/layers.{i}/massive_ratio"] >= 1 and 0 <= metrics[f"act/layers.{i}/massive_position"] < 12

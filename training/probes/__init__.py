@@ -18,12 +18,22 @@ from training.probes.attention import AttentionLogits
 from training.probes.base import Probe, feature_kurtosis, sync
 from training.probes.gradients import GRADIENT_KEYS, layer_grad_norms
 from training.probes.logits import OutputLogits
+from training.probes.massive import MassiveActivations
 from training.probes.norm_io import NormInputOutput
+from training.probes.sinks import AttentionSinks
 from training.probes.stream import ResidualStream
 from training.probes.timing import NormTime
 
 # NormTime first: its hooks then run before any other probe's on the same module.
-PROBES: tuple[type[Probe], ...] = (NormTime, NormInputOutput, ResidualStream, AttentionLogits, OutputLogits)
+PROBES: tuple[type[Probe], ...] = (
+    NormTime,
+    NormInputOutput,
+    ResidualStream,
+    MassiveActivations,
+    AttentionLogits,
+    AttentionSinks,
+    OutputLogits,
+)
 
 # Keys the training loop and the evaluation write themselves.
 LOOP_KEYS = (
