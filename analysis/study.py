@@ -42,6 +42,7 @@ from analysis.keys import fields, metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, check_comparable, find_run_dirs, layer_values, load_run
 from analysis.stats import bootstrap_ci, paired_p_value, welch_p_value
+from training.run_record import flatten
 
 VAL_LOSS = metric_key("val/loss")
 VAL_BPB = metric_key("val/bpb")
@@ -283,17 +284,7 @@ class Study:
 
     def variant_with(self, fields: dict) -> str | None:
         """The one variant whose runs have every config value in ``fields`` (None if none; refused if several)."""
-
-        def lookup(config):
-            def get(dotted):
-                value = config
-                for part in dotted.split("."):
-                    value = value[part]
-                return value
-
-            return get
-
-        found = [v for v in self.summaries if matches(lookup(self.config(v)), fields)]
+        found = [v for v in self.summaries if matches(flatten(self.config(v)).__getitem__, fields)]
         if len(found) > 1:
             raise RunsError(f"the claim's arm {fields} matches several variants ({', '.join(found)}): name more fields")
         return found[0] if found else None

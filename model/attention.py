@@ -28,6 +28,14 @@ def allowed_positions(seq: int, start_pos: int, device) -> torch.Tensor:
     return torch.ones(seq, start_pos + seq, dtype=torch.bool, device=device).tril(start_pos)
 
 
+def masked_scores(q: torch.Tensor, k: torch.Tensor, start_pos: int, cap: float | None = None) -> torch.Tensor:
+    """The scores as the softmax receives them: q k^T / sqrt(d) in float32 at least, soft-capped when
+    ``cap`` is set, -inf where a query may not attend (the explicit path, QK-clip's maxima, probes)."""
+    scores = attention_scores(q, k)
+    scores = softcap(scores.to(torch.promote_types(scores.dtype, torch.float32)), cap)
+    return scores.masked_fill(~allowed_positions(q.shape[2], start_pos, q.device), float("-inf"))
+
+
 class KVCache:
     """Preallocated keys and values of one layer, so each generated token costs one new row."""
 
@@ -127,8 +135,8 @@ class Attention(nn.Module):
         self.scores(q, k, start_pos)
         if self.tracks_max_logits and self.training:
             with torch.no_grad():
-                scores = attention_scores(q, k).masked_fill(~allowed_positions(seq, start_pos, x.device), float("-inf"))
-                self.max_logits.copy_(torch.maximum(self.max_logits, scores.float().amax(dim=(0, 2, 3))))
+                head_max = masked_scores(q, k, start_pos).amax(dim=(0, 2, 3))
+                self.max_logits.copy_(torch.maximum(self.max_logits, head_max.to(self.max_logits.dtype)))
         out = self._sdpa(q, k, v, start_pos) if self.softcap is None else self._capped_attention(q, k, v, start_pos)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
@@ -146,8 +154,6 @@ class Attention(nn.Module):
 
     def _capped_attention(self, q, k, v, start_pos: int) -> torch.Tensor:
         """softmax(softcap(q k^T / sqrt(d))) v, with the scores formed explicitly (in float32 at least)."""
-        scores = attention_scores(q, k)
-        scores = softcap(scores.to(torch.promote_types(scores.dtype, torch.float32)), self.softcap)
-        scores = scores.masked_fill(~allowed_positions(q.shape[2], start_pos, q.device), float("-inf"))
+        scores = masked_scores(q, k, start_pos, self.softcap)
         weights = F.dropout(scores.softmax(dim=-1), self.dropout if self.training else 0.0).to(v.dtype)
         return weights @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)

@@ -35,7 +35,7 @@ from norms import NORM_NAMES
 from training.config import build_model_config, register_configs
 from training.distributed import Distributed
 from training.optim import build_optimizer
-from training.qk_clip import attentions, qk_clip
+from training.qk_clip import qk_clip, track_max_logits
 from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -78,8 +78,7 @@ class Variant:
         self.optimizer = build_optimizer(self.model, cfg.train, device)
         self.grad_clip, self.z_loss, self.qk_clip = cfg.train.grad_clip, cfg.train.z_loss, cfg.train.qk_clip
         if self.qk_clip is not None:  # as training does it: the step's largest logits, then the clip
-            for attention in attentions(self.model):
-                attention.track_max_logits()
+            track_max_logits(self.model)
         compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
         self.step_model = torch.compile(self.model) if compile_model else self.model
         self.autocast = autocast_context(self.precision, device)

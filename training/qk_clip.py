@@ -27,6 +27,12 @@ def attentions(model: nn.Module) -> list[Attention]:
     return [module for module in model.modules() if isinstance(module, Attention)]
 
 
+def track_max_logits(model: nn.Module) -> None:
+    """Make every attention of ``model`` keep its heads' largest logits, which ``qk_clip`` reads (before compiling)."""
+    for attention in attentions(model):
+        attention.track_max_logits()
+
+
 @torch.no_grad()
 def clip_heads(attention: Attention, max_logits: torch.Tensor, tau: float) -> int:
     """Rescale ``attention``'s q and k rows for heads whose ``max_logits`` exceed ``tau``; returns how many."""

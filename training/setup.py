@@ -36,7 +36,7 @@ from training.data import Data, build_data
 from training.distributed import Distributed
 from training.nonfinite import NonFinitePolicy
 from training.optim import build_optimizer
-from training.qk_clip import attentions
+from training.qk_clip import track_max_logits
 from training.run_record import check_resume
 from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
 from training.sinks import Sinks, open_sinks
@@ -181,8 +181,7 @@ def build_model(cfg: DictConfig, data: Data, device: torch.device) -> tuple[Tran
     except ValueError as err:  # a bad model shape or norm option
         raise ConfigError(f"model/norm config: {err}") from err
     if cfg.train.qk_clip is not None:
-        for attention in attentions(model):
-            attention.track_max_logits()
+        track_max_logits(model)
     return model, model_cfg
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.attention import ScoresTap, allowed_positions, attention_scores
-from model.loss import softcap
+from model.attention import ScoresTap, masked_scores
 from training.probes.base import Probe
 
 SINK_THRESHOLD = 0.3
@@ -37,8 +36,7 @@ class AttentionSinks(Probe):
             q, k, start_pos = args
             if start_pos != 0 or q.shape[2] < 2:  # a cached decoding step does not see position 0 as a query would
                 return
-            scores = softcap(attention_scores(q.float(), k.float()), module.softcap)
-            weights = scores.masked_fill(~allowed_positions(q.shape[2], 0, q.device), float("-inf")).softmax(-1)
+            weights = masked_scores(q.float(), k.float(), 0, module.softcap).softmax(-1)
             for key, value in sink_stats(weights).items():
                 self.values[f"attn/layers.{index}/{key}"] = value
 
