@@ -3,6 +3,11 @@
     python eval.py checkpoint=runs/small-rmsnorm-s0
     python eval.py checkpoint=[runs/small-rmsnorm-s0,runs/small-layernorm-s0] val_windows=256
     python eval.py checkpoint=runs/small-rmsnorm-s0 data=tinystories   # another corpus, same tokenizer
+    python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]   # and quantized
+
+Each quantization scheme (model/quantize.py) evaluates a fake-quantized copy of the model; the
+checkpoint on disk is only read. Its losses land under "quant" with their increase over the float
+model ("delta/val/loss").
 
 Each run directory carries its config and tokenizer, so nothing else has to be found by hand.
 Results print as a table and are written as eval.json next to each checkpoint (keyed by
@@ -12,6 +17,7 @@ checkpoint) and, for all of them together, in the eval's own output directory.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import sys
@@ -24,6 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from model import ModelConfig, Transformer
+from model.quantize import QuantizationError, check_schemes, quantized
 from training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from training.config import DataConfig, register_configs
 from training.corpus import DataError
@@ -74,6 +81,14 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
 
     metrics = evaluate(model, val, token_bytes, cfg.batch_size, device, autocast)
     metrics.update(run_probes(model, val[: cfg.batch_size, :-1].to(device), autocast))
+    quant = {}
+    for scheme in cfg.quant:
+        q = evaluate(quantized(model, scheme), val, token_bytes, cfg.batch_size, device, autocast)
+        quant[scheme] = {
+            "val/loss": q["val/loss"],
+            "val/bpb": q["val/bpb"],
+            "delta/val/loss": q["val/loss"] - metrics["val/loss"],
+        }
     prompt = torch.tensor([tokenizer.encode(cfg.prompt).ids] * cfg.num_samples, device=device)
     new_tokens = min(cfg.max_new_tokens, model.cfg.max_seq_len - prompt.shape[1])
     if new_tokens < cfg.max_new_tokens:
@@ -93,6 +108,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         "data": data_cfg.name,
         "val_windows": int(val.shape[0]),
         **metrics,
+        **({"quant": quant} if quant else {}),
         "samples": [tokenizer.decode(row.tolist()) for row in tokens],
     }
 
@@ -106,18 +122,41 @@ def _print_table(results: dict[str, dict]) -> None:
     print(f"\n{'checkpoint':<60} {'step':>7} {'val/loss':>9} {'val/ppl':>9} {'val/bpb':>8}")
     for key, r in results.items():
         print(f"{key[-60:]:<60} {r['step']:>7} {r['val/loss']:>9.4f} {r['val/ppl']:>9.2f} {r['val/bpb']:>8.4f}")
+    quantized_rows = [(key, scheme, q) for key, r in results.items() for scheme, q in r.get("quant", {}).items()]
+    if quantized_rows:
+        print(f"\n{'checkpoint':<60} {'scheme':>12} {'val/loss':>9} {'delta':>8} {'val/bpb':>8}")
+        for key, scheme, q in quantized_rows:
+            print(
+                f"{key[-60:]:<60} {scheme:>12} {q['val/loss']:>9.4f} {q['delta/val/loss']:>+8.4f} {q['val/bpb']:>8.4f}"
+            )
     for key, r in results.items():
         print(f"\nsamples from {key}:")
         for sample in r["samples"]:
             print(f"  {sample!r}")
 
 
+def checkpoint_paths(checkpoint) -> list[Path]:
+    """The paths that ``checkpoint=`` names: one, a list, and globs among them (each must match)."""
+    given = list(checkpoint) if isinstance(checkpoint, (list, ListConfig)) else [checkpoint]
+    paths = []
+    for entry in map(str, given):
+        if glob.has_magic(entry):
+            matched = sorted(glob.glob(entry))
+            if not matched:
+                raise CheckpointError(f"checkpoint={entry} matches nothing; give run directories or .pt files")
+            paths += [Path(p) for p in matched if (Path(p) / "checkpoints").is_dir() or p.endswith(".pt")]
+        else:
+            paths.append(Path(entry))
+    return paths
+
+
 def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
-    paths = list(cfg.checkpoint) if isinstance(cfg.checkpoint, (list, ListConfig)) else [cfg.checkpoint]
+    check_schemes(cfg.quant)  # before any checkpoint is read
+    paths = checkpoint_paths(cfg.checkpoint)
     device = resolve_device(cfg.device)
     results = {}
     for path in paths:
-        result = evaluate_checkpoint(cfg, Path(path), device)
+        result = evaluate_checkpoint(cfg, path, device)
         results[result["checkpoint"]] = result
         # Next to the checkpoint: its run directory (a checkpoint's folder's parent).
         _write_json(Path(result["checkpoint"]).parent.parent / "eval.json", {result["checkpoint"]: result})
@@ -138,7 +177,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
 def main(cfg: DictConfig) -> None:
     try:
         run_eval(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (CheckpointError, DataError) as err:
+    except (CheckpointError, DataError, QuantizationError) as err:
         log.error("%s", err)
         sys.exit(1)
 

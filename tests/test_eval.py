@@ -8,6 +8,7 @@ from hydra import compose, initialize_config_dir
 from tiny_runs import CONFIG_DIR, read_metrics, run_tiny
 
 import eval as eval_script
+from model.quantize import QuantizationError
 from training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 
 
@@ -90,3 +91,32 @@ def test_eval_tokenizes_only_the_validation_split(trained, tmp_path, monkeypatch
     monkeypatch.setattr(data_module, "token_array", recording)
     eval_script.run_eval(eval_config(f"checkpoint={trained / 'rmsnorm'}"), tmp_path)
     assert labels == ["kjv-val"]
+
+
+def test_quantized_evaluation_sits_beside_the_float_one_and_never_touches_the_checkpoint(trained, tmp_path, capsys):
+    run = trained / "prmsnorm"
+    checkpoint = list_checkpoints(run)[-1]
+    on_disk = checkpoint.read_bytes()
+    cfg = eval_config(f"checkpoint={trained}/*", "quant=[w8a8,w8a8_tensor,w4a16,fp8]")  # a glob of run folders
+    results = eval_script.run_eval(cfg, tmp_path)
+    assert len(results) == 2
+    result = results[str(checkpoint)]
+    assert set(result["quant"]) == {"w8a8", "w8a8_tensor", "w4a16", "fp8"}
+    for q in result["quant"].values():
+        assert q["delta/val/loss"] == pytest.approx(q["val/loss"] - result["val/loss"], abs=1e-12)
+        assert q["val/loss"] != result["val/loss"] and 0 < q["val/bpb"]
+    assert json.loads((run / "eval.json").read_text())[str(checkpoint)]["quant"] == result["quant"]
+    assert checkpoint.read_bytes() == on_disk
+    table = capsys.readouterr().out
+    assert "w8a8_tensor" in table and "delta" in table
+
+
+def test_an_unknown_scheme_is_refused_before_any_checkpoint_is_read(trained, tmp_path):
+    with pytest.raises(QuantizationError, match="unknown quantization scheme 'int2'.*w8a8, w8a8_tensor, w4a16, fp8"):
+        eval_script.run_eval(eval_config(f"checkpoint={trained / 'rmsnorm'}", "quant=[w8a8,int2]"), tmp_path)
+    assert not (tmp_path / "eval.json").exists()
+
+
+def test_a_glob_that_matches_nothing_says_so(tmp_path):
+    with pytest.raises(CheckpointError, match="matches nothing"):
+        eval_script.run_eval(eval_config(f"checkpoint={tmp_path}/nope*"), tmp_path)
