@@ -70,10 +70,14 @@ class Block(nn.Module):
         """Scaling that an init std per weight cannot say (a slice of a fused weight)."""
 
     def attention(self, x, cos, sin, cache: KVCache | None, start_pos: int) -> torch.Tensor:
-        return self.dropout(self.attn(x, cos, sin, cache, start_pos))
+        return self._scaled(self.dropout(self.attn(x, cos, sin, cache, start_pos)))
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.mlp(x))
+        return self._scaled(self.dropout(self.mlp(x)))
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        """A branch's output, down-weighted by ``residual_scale`` when set (He et al.'s OP block)."""
+        return branch if self.cfg.residual_scale is None else branch * self.cfg.residual_scale
 
 
 class PreNormBlock(Block):

@@ -44,6 +44,11 @@ class ModelConfig:
     embed_scale: str = "none"  # none | sqrt_d | learned
     logit_softcap: Optional[float] = None  # final logits c * tanh(logits / c) (Gemma 2: 30)
     attn_softcap: Optional[float] = None  # pre-softmax attention scores c * tanh(s / c) (Gemma 2: 50)
+    # Each residual branch's output times this constant (He et al.'s OP block: 0.2, O(1/sqrt(depth)))
+    residual_scale: Optional[float] = None
+    # A norm type on the embeddings and before the LM head, whatever the blocks use (the OP block's
+    # LayerNorms at both ends of a stack without norms); None: no embedding norm, the final norm is `norm`
+    outer_norm: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -62,6 +67,8 @@ class ModelConfig:
         for key, cap in (("model.logit_softcap", self.logit_softcap), ("model.attn_softcap", self.attn_softcap)):
             if cap is not None and not cap > 0:
                 raise ValueError(f"{key} must be > 0 (or null for no cap), got {cap}")
+        if self.residual_scale is not None and not self.residual_scale > 0:
+            raise ValueError(f"model.residual_scale must be > 0 (or null for none), got {self.residual_scale}")
         if not 0 <= self.post_fraction <= 1:
             raise ValueError(f"norm.post_fraction must be in [0, 1], got {self.post_fraction}")
         if self.layer_placements is not None and len(self.layer_placements) != self.n_layers:

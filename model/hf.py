@@ -39,6 +39,8 @@ def hf_model_type(model: Transformer) -> str:
         "model.attn_softcap": cfg.attn_softcap is not None,
         f"model.embed_scale={cfg.embed_scale}": cfg.embed_scale != "none",
         "norm.layer_placements": cfg.layer_placements is not None,
+        "model.residual_scale": cfg.residual_scale is not None,
+        "model.outer_norm": cfg.outer_norm is not None,
     }
     unheld = [feature for feature, used in features.items() if used]
     if unheld:

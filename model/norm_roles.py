@@ -1,9 +1,10 @@
 """Which norm each place in the model gets: its type, options and role.
 
 Every norm instance has a role: ``attn_in`` and ``mlp_in`` (before a branch), ``attn_out``
-and ``mlp_out`` (after a branch), ``final`` (before the LM head), ``q`` and ``k`` (QK-norm,
+and ``mlp_out`` (after a branch), ``final`` (before the LM head), ``embed`` (after the embeddings), ``q`` and ``k`` (QK-norm,
 inside attention). The stream's norms take ``cfg.norm`` with ``cfg.norm_options``; q and k
-take ``cfg.qk_norm``, with the stream's options only when it is the same type. Options set
+take ``cfg.qk_norm``, and ``embed`` and ``final`` take ``cfg.outer_norm`` when it is set, each with
+the stream's options only when it is the same type. Options set
 for one role (``cfg.norm_role_options[role]``) override both, e.g. DyT's initial alpha of
 0.8 for ``attn_in`` and 0.2 elsewhere (the DyT paper's LLaMA 7B setup).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from model.config import ModelConfig
 from norms import Norm, build_norm
 
-ROLES = ("attn_in", "mlp_in", "attn_out", "mlp_out", "final", "q", "k")
+ROLES = ("attn_in", "mlp_in", "attn_out", "mlp_out", "final", "embed", "q", "k")
 QK_AXES = ("head", "all")
 
 
@@ -28,7 +29,8 @@ def check_role_options(cfg: ModelConfig) -> None:
 def norm_for(cfg: ModelConfig, role: str, dim: int) -> Norm:
     """The norm of ``role`` over ``dim`` features, tagged with its role."""
     qk = role in ("q", "k")
-    name = cfg.qk_norm if qk else cfg.norm
+    outer = role in ("embed", "final") and cfg.outer_norm is not None
+    name = cfg.qk_norm if qk else cfg.outer_norm if outer else cfg.norm
     options = dict(cfg.norm_options) if name == cfg.norm else {}
     options.update(cfg.norm_role_options.get(role, {}))
     try:

@@ -31,8 +31,11 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.embed_scale == "learned":  # the DyT paper's LLaMA code: a learned scalar, from sqrt(d_model)
             self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(cfg.d_model)))
+        # He et al.'s OP block normalizes the embeddings once, where a stack without norms starts
+        self.embed_norm = norm_for(cfg, "embed", cfg.d_model) if cfg.outer_norm is not None else None
         self.layers = nn.ModuleList(block(cfg, layer) for layer, block in enumerate(blocks))
-        self.final_norm = norm_for(cfg, "final", cfg.d_model) if blocks[-1].has_final_norm else None
+        has_final_norm = blocks[-1].has_final_norm or cfg.outer_norm is not None
+        self.final_norm = norm_for(cfg, "final", cfg.d_model) if has_final_norm else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
@@ -58,13 +61,14 @@ class Transformer(nn.Module):
             layer.after_init()
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The token embeddings, times sqrt(d_model) (Gemma) or a learned scalar (DyT) when configured."""
+        """The token embeddings, times sqrt(d_model) (Gemma) or a learned scalar (DyT) when configured,
+        then the embedding norm when ``outer_norm`` is set."""
         x = self.tok_embeddings(tokens)
         if self.cfg.embed_scale == "sqrt_d":
-            return x * math.sqrt(self.cfg.d_model)
-        if self.cfg.embed_scale == "learned":
-            return x * self.embed_scale
-        return x
+            x = x * math.sqrt(self.cfg.d_model)
+        elif self.cfg.embed_scale == "learned":
+            x = x * self.embed_scale
+        return x if self.embed_norm is None else self.embed_norm(x)
 
     def norm_modules(self) -> dict[str, Norm]:
         """Every norm instance by its stable dotted name, in the order the forward pass meets them."""

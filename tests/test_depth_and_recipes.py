@@ -144,3 +144,29 @@ def test_weight_decay_update_by_hand(mode):
     group = build_optimizer(model, faster, torch.device("cpu")).param_groups[0]
     faster_shrink = lr_at(step, faster) * group["weight_decay"]
     assert faster_shrink == pytest.approx(shrink if mode == "independent" else 10 * shrink)
+
+
+def test_the_op_block_has_norms_only_at_both_ends_and_on_q_and_k():
+    model = Transformer(tiny(norm="identity", qk_norm="rmsnorm", residual_scale=0.2, outer_norm="layernorm"))
+    kinds = {name: type(norm).__name__ for name, norm in model.norm_modules().items()}
+    assert kinds["embed_norm"] == kinds["final_norm"] == "LayerNorm"
+    assert {kinds[f"layers.{i}.attn.{qk}_norm"] for i in range(4) for qk in "qk"} == {"RMSNorm"}
+    assert {kinds[f"layers.{i}.{role}"] for i in range(4) for role in ("attn_norm", "mlp_norm")} == {"Identity"}
+    tokens = torch.randint(0, 97, (2, 5))
+    raw, embedded = model.tok_embeddings(tokens), model.embed(tokens)  # zero mean, unit variance per token
+    torch.testing.assert_close(embedded.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
+    eps = model.embed_norm.eps  # the embeddings' std is 0.02, so eps shows: var = s^2 / (s^2 + eps)
+    expected = raw.var(-1, unbiased=False) / (raw.var(-1, unbiased=False) + eps)
+    torch.testing.assert_close(embedded.var(-1, unbiased=False), expected, atol=1e-4, rtol=0)
+
+
+def test_residual_scale_multiplies_each_branch_output_not_the_stream():
+    torch.manual_seed(0)
+    block = PreNormBlock(tiny(residual_scale=0.2), 0)
+    x = torch.randn(2, 5, 32)
+    cos, sin = Transformer(tiny()).rope_cos[:5], Transformer(tiny()).rope_sin[:5]
+    h = x + 0.2 * block.attn(block.attn_norm(x), cos, sin, None, 0)
+    expected = h + 0.2 * block.mlp(block.mlp_norm(h))
+    torch.testing.assert_close(block(x, cos, sin), expected)
+    with pytest.raises(ValueError, match="model.residual_scale must be > 0"):
+        tiny(residual_scale=0.0)

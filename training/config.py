@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from analysis.claims import Claim
+from analysis.study_plan import StudyPlan
 from model.blocks import PLACEMENTS
 from model.config import DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
 from model.norm_roles import QK_AXES, ROLES
@@ -236,19 +237,21 @@ class Config:
     device: str = "auto"  # auto: cuda, else mps, else cpu
     cpu_threads: Optional[int] = None  # None: this process's share of the cores (training/cpu_threads.py)
     # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
-    variant: str = "${norm_variant:${norm.name},${norm.placement},${norm.qk},${norm.qk_axis},${norm.gain},${norm.depth_scaling},${norm.post_fraction},${model.embed_scale},${model.init_out_scale},${model.logit_softcap},${model.attn_softcap},${train.z_loss},${train.qk_clip},${train.weight_decay_mode}}"
+    variant: str = "${norm_variant:${norm.name},${norm.placement},${norm.qk},${norm.qk_axis},${norm.gain},${norm.depth_scaling},${norm.post_fraction},${model.embed_scale},${model.init_out_scale},${model.logit_softcap},${model.attn_softcap},${train.z_loss},${train.qk_clip},${train.weight_decay_mode},${model.residual_scale},${model.outer_norm}}"
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
     # A study's claims (configs/experiment/): recorded with each run, read by scripts/study_report.py.
     claims: List[Claim] = field(default_factory=list)
+    # What scripts/run_study.py trains after a study's grid (analysis/study_plan.py).
+    study_plan: StudyPlan = field(default_factory=StudyPlan)
 
 
 @dataclass
 class EvalConfig:
     """eval.py: checkpoints in, metrics, samples and activation statistics out."""
 
-    checkpoint: Any = MISSING  # a run directory or .pt file, or a list of them
+    checkpoint: Any = MISSING  # a run directory or .pt file, a glob of them (runs/outliers/*), or a list
     data: Optional[DataConfig] = None  # None: each run's own data config (choose another with data=<name>)
     val_windows: Optional[int] = None  # None: the run's data.val_windows
     batch_size: int = 16
@@ -258,6 +261,8 @@ class EvalConfig:
     temperature: float = 0.8
     top_k: Optional[int] = 50
     sample_seed: int = 0
+    # fake-quantized evaluations beside the float one (model/quantize.py): w8a8, w8a8_tensor, w4a16, fp8
+    quant: List[str] = field(default_factory=list)
     device: str = "auto"
     precision: Precision = Precision.auto  # type: ignore[valid-type]
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -289,7 +294,8 @@ def build_model_config(cfg, vocab_size: int) -> ModelConfig:
 RUN_NAME_KEYS = (
     "norm", "model", "seed", "run_name", "norm.placement", "norm.qk", "norm.qk_axis", "norm.gain",
     "norm.depth_scaling", "norm.post_fraction", "model.embed_scale", "model.init_out_scale", "model.logit_softcap",
-    "model.attn_softcap", "train.z_loss", "train.qk_clip", "train.weight_decay_mode",
+    "model.attn_softcap", "train.z_loss", "train.qk_clip", "train.weight_decay_mode", "model.residual_scale",
+    "model.outer_norm",
 )  # fmt: skip
 
 

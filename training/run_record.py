@@ -32,6 +32,7 @@ FREE_KEYS = (
     "variant",  # a label derived from the norm keys
     "resume_with_changes",
     "claims",  # what a study's report says about its runs, not what a run computes
+    "study_plan",  # which runs a study trains, not what one of them computes
     "device",
     "cpu_threads",
     "logger",
@@ -219,6 +220,8 @@ def norm_variant(
     z_loss: float = 0.0,
     qk_clip: float | None = None,
     weight_decay_mode: str = "coupled",
+    residual_scale: float | None = None,
+    outer_norm: str | None = None,
 ) -> str:
     """A readable label of a design choice: ``rmsnorm``, ``rmsnorm-peri-qk``, ``dyt-qk_rmsnorm_all``,
     ``rmsnorm-mix_ln0.25-zloss0.0001``; each choice at its default adds nothing."""
@@ -238,6 +241,8 @@ def norm_variant(
         (f"zloss{z_loss:g}", bool(z_loss)),
         (f"qkclip{qk_clip:g}" if qk_clip else "", qk_clip is not None),
         ("wd_independent", weight_decay_mode == "independent"),
+        (f"resid{residual_scale:g}" if residual_scale else "", residual_scale is not None),
+        (f"outer_{outer_norm}", outer_norm is not None),
     )
     parts += [label for label, present in optional if present]
     return "-".join(parts)
