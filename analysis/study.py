@@ -41,7 +41,8 @@ from analysis.claims import Claim, matches, verdict
 from analysis.keys import fields, metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, check_comparable, find_run_dirs, layer_values, load_run
-from analysis.stats import bootstrap_ci, paired_p_value, welch_p_value
+from analysis.stats import bootstrap_ci, paired_p_value
+from analysis.study_plan import best_rate
 from training.run_record import flatten
 
 VAL_LOSS = metric_key("val/loss")
@@ -80,13 +81,36 @@ def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str
             skipped.append(str(err))
             continue
         cfg = run.config
+        last_step = run.rows[-1]["step"] if run.rows else 0
+        if run.diverged_at is None and last_step < cfg["train"]["max_steps"]:
+            skipped.append(
+                f"{path}: unfinished (step {last_step} of {cfg['train']['max_steps']}); rerun the study to finish it"
+            )
+            continue
         results.append(
             Result(run, cfg["variant"], float(cfg["train"]["lr"]), cfg["seed"], run.last(metric), run.diverged_at)
         )
     if not results:
         raise RunsError(f"no run under {', '.join(inputs)} has metrics to report on")
     check_comparable([r.run for r in results], metric)
+    suffix = shared_suffix([r.variant for r in results])
+    for r in results:
+        r.variant = r.variant.removesuffix(suffix)
     return results, skipped
+
+
+def shared_suffix(labels: list[str]) -> str:
+    """The switches every variant has (``-wd_independent`` when the whole study decays independently),
+    so that variants are named by what tells them apart: ``rmsnorm``, ``rmsnorm-qk``."""
+    parts = [label.split("-") for label in set(labels)]
+    if len(parts) < 2:
+        return ""
+    shared = []
+    for tail in zip(*(reversed(p[1:]) for p in parts)):
+        if len(set(tail)) > 1:
+            break
+        shared.append(tail[0])
+    return "".join("-" + part for part in reversed(shared))
 
 
 def capped_loss(result: Result) -> float:
@@ -105,11 +129,16 @@ def lr_sensitivity(losses_by_lr: dict[float, float]) -> float:
 @dataclass
 class VariantSummary:
     variant: str
-    losses_by_lr: dict[float, float]  # mean capped loss over seeds
+    losses_by_lr: dict[float, float]  # mean capped loss over seeds, at every rate the variant ran
+    grid_seeds: list[int]  # the seeds it ran at every one of its rates: the best rate is chosen on them
     best_lr: float
     best_values: list[float]  # per seed, at the best learning rate
-    sensitivity: float
+    sensitivity: float  # over the common grid, on the grid seeds
     diverged: list[float]  # learning rates at which some seed diverged
+
+    @property
+    def rates(self) -> list[float]:
+        return sorted(self.losses_by_lr)
 
     @property
     def best_mean(self) -> float:
@@ -120,20 +149,55 @@ class VariantSummary:
         return statistics.pstdev(self.best_values)
 
 
-def summarize(results: list[Result]) -> dict[str, VariantSummary]:
+PLAN_FILE = "study_plan.json"  # what scripts/run_study.py planned, written into the study's folder
+
+
+def planned_grid(inputs: list[str]) -> list[float] | None:
+    """The common learning-rate grid that scripts/run_study.py recorded in a study folder, if any."""
+    for folder in inputs:
+        plan = Path(folder) / PLAN_FILE
+        if plan.is_file():
+            return sorted(json.loads(plan.read_text())["learning_rates"])
+    return None
+
+
+def common_grid(results: list[Result], planned: list[float] | None = None) -> list[float]:
+    """The rates LR sensitivity is compared over: the planned grid where every variant ran it, else
+    the rates every variant ran at (when every variant went past the same edge, those count too)."""
+    by_variant: dict[str, set] = defaultdict(set)
+    for r in results:
+        by_variant[r.variant].add(r.lr)
+    shared = set.intersection(*by_variant.values())
+    return sorted(shared & set(planned)) if planned and set(planned) <= shared else sorted(shared)
+
+
+def mean_capped(runs: list[Result], seeds: list[int] | None = None) -> float:
+    """The mean capped loss of ``runs`` (of those seeds only, when given)."""
+    return statistics.fmean(capped_loss(r) for r in runs if seeds is None or r.seed in seeds)
+
+
+def summarize(results: list[Result], grid: list[float]) -> dict[str, VariantSummary]:
     by_variant: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
         by_variant[r.variant][r.lr].append(r)
     summaries = {}
     for variant, by_lr in sorted(by_variant.items()):
-        losses = {lr: statistics.fmean(capped_loss(r) for r in runs) for lr, runs in sorted(by_lr.items())}
-        best_lr = min(losses, key=losses.get)
+        seeds = sorted(set.intersection(*({r.seed for r in runs} for runs in by_lr.values())))
+
+        losses = {lr: mean_capped(by_lr[lr]) for lr in sorted(by_lr)}
+        if seeds:
+            best_lr = best_rate({(r.lr, r.seed): capped_loss(r) for runs in by_lr.values() for r in runs}, seeds)
+            sensitivity = lr_sensitivity({lr: mean_capped(by_lr[lr], seeds) for lr in grid})
+        else:  # no seed ran at every rate: choose on the means over all runs
+            best_lr = min(losses, key=lambda lr: (losses[lr], lr))
+            sensitivity = lr_sensitivity({lr: losses[lr] for lr in grid})
         summaries[variant] = VariantSummary(
             variant,
             losses,
+            seeds,
             best_lr,
-            [capped_loss(r) for r in by_lr[best_lr]],
-            lr_sensitivity(losses),
+            [capped_loss(r) for r in sorted(by_lr[best_lr], key=lambda r: r.seed)],
+            sensitivity,
             sorted(lr for lr, runs in by_lr.items() if any(r.diverged_at is not None for r in runs)),
         )
     return summaries
@@ -261,9 +325,10 @@ class Study:
     """The grid's results, per variant, with statistics that can be taken over any multiset of seeds
     (so a bootstrap over seeds resamples whole seeds, keeping runs of one seed paired)."""
 
-    def __init__(self, results: list[Result], baseline: str) -> None:
+    def __init__(self, results: list[Result], baseline: str, planned_grid: list[float] | None = None) -> None:
         self.results = results
-        self.summaries = summarize(results)
+        self.grid = common_grid(results, planned_grid)
+        self.summaries = summarize(results, self.grid)
         if baseline not in self.summaries:
             raise RunsError(f"the baseline {baseline!r} is not among the variants: {', '.join(self.summaries)}")
         self.baseline = baseline
@@ -293,16 +358,18 @@ class Study:
         return [self.cells[(variant, lr, s)] for s in seeds if (variant, lr, s) in self.cells]
 
     def lr_sensitivity(self, variant: str, seeds) -> float | None:
+        """Over the common grid, from the given seeds' runs (a rate that lacks them is left out)."""
         losses = {
             lr: statistics.fmean(capped_loss(r) for r in runs)
-            for lr in self.lrs
+            for lr in self.grid
             if (runs := self._runs(variant, lr, seeds))
         }
         return lr_sensitivity(losses) if losses else None
 
     def best_loss(self, variant: str, seeds) -> float | None:
-        runs = self._runs(variant, self.summaries[variant].best_lr, seeds)
-        return statistics.fmean(capped_loss(r) for r in runs) if runs else None
+        """The loss at the variant's best rate, on the held-out windows where the runs logged them."""
+        values = [heldout_loss(r) for r in self._runs(variant, self.summaries[variant].best_lr, seeds)]
+        return statistics.fmean(values) if values else None
 
     def stream_growth(self, variant: str, seeds) -> float | None:
         """Last-block over first-block stream RMS at the end of training, at the baseline's best rate."""
@@ -340,6 +407,14 @@ def seed_interval(study: Study, statistic: Callable, variant: str) -> tuple[floa
     if len(seeds) < 2:
         return None
     return bootstrap_ci(seeds, lambda sample: statistic(study, variant, [int(s) for s in sample]), resamples=2000)
+
+
+def heldout_loss(result: Result) -> float:
+    """A run's held-out loss (capped at the initial loss), or its capped selection loss if it logged none."""
+    value = result.run.last(HELDOUT_LOSS)
+    if value is None or result.diverged_at is not None:
+        return capped_loss(result)
+    return min(value, result.initial_loss)
 
 
 def heldout_best_loss(study: Study, variant: str) -> tuple[list[float], str]:
@@ -385,7 +460,9 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
         best, best_key = heldout_best_loss(study, name)
         variants[name] = {
             "best_lr": summary.best_lr,
-            "best_lr_inside_grid": study.lrs[0] < summary.best_lr < study.lrs[-1],
+            "rates": summary.rates,
+            "best_lr_inside": summary.rates[0] < summary.best_lr < summary.rates[-1],
+            "grid_seeds": summary.grid_seeds,
             "best_loss": {
                 "mean": statistics.fmean(best) if best else None,
                 "ci95": bootstrap_ci(best) if len(best) > 1 else None,
@@ -400,7 +477,7 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
         "metric": metric,
         "initial_loss": study.results[0].initial_loss,
         "unigram_loss": study.unigram_loss,
-        "learning_rates": study.lrs,
+        "learning_rates": study.grid,
         "cells": [
             {"variant": r.variant, "lr": r.lr, "seed": r.seed, "loss": r.final, "diverged": r.diverged_at is not None}
             for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
@@ -480,9 +557,28 @@ def claims_table(evaluated: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _p(a: list[float], b: list[float]) -> str:
-    p = welch_p_value(a, b)
-    return "–" if p is None else f"{p:.3g}"
+def against_baseline(study: Study, variant: str) -> dict:
+    """The variant's held-out best loss minus the baseline's, paired by seed (each at its own best
+    rate): the mean difference, its 95% bootstrap interval over seeds and the paired p-value."""
+    base = study.baseline
+    seeds = [
+        s for s in study.seeds if study.best_loss(variant, [s]) is not None and study.best_loss(base, [s]) is not None
+    ]
+    diffs = [study.best_loss(variant, [s]) - study.best_loss(base, [s]) for s in seeds]
+    if not diffs:
+        return {"difference": None, "ci95": None, "p": None, "seeds": 0}
+    return {
+        "difference": statistics.fmean(diffs),
+        "ci95": bootstrap_ci(diffs) if len(diffs) > 1 else None,
+        "p": paired_p_value(
+            [study.best_loss(variant, [s]) for s in seeds], [study.best_loss(base, [s]) for s in seeds]
+        ),
+        "seeds": len(seeds),
+    }
+
+
+def _interval(ci, spec: str = ".3f") -> str:
+    return f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else ""
 
 
 def observations(study: Study) -> list[str]:
@@ -491,12 +587,12 @@ def observations(study: Study) -> list[str]:
     base = summaries[baseline]
     ranked = sorted(summaries.values(), key=lambda s: s.sensitivity)
     lines = [
-        "LR sensitivity, lowest first: "
+        "LR sensitivity over the common grid, lowest first: "
         + ", ".join(
             f"{s.variant} {s.sensitivity:.3f}" + (" (did not train)" if s.variant in study.untrained else "")
             for s in ranked
         )
-        + f". The baseline ({baseline}) reaches its best loss {base.best_mean:.4f} at lr {base.best_lr:g}."
+        + f". The baseline ({baseline}) reaches its best at lr {base.best_lr:g}."
     ]
     if study.untrained:
         rule = (
@@ -508,26 +604,46 @@ def observations(study: Study) -> list[str]:
             f"{', '.join(sorted(study.untrained))}: best loss {rule} at every learning rate, so they did not train "
             "in this budget; their low LR sensitivity means equally poor at every rate, not stable."
         )
+    edge = [s.variant for s in summaries.values() if not s.rates[0] < s.best_lr < s.rates[-1]]
+    if edge:
+        lines.append(
+            f"Best rate at an edge of the rates run even after the extra rates: {', '.join(edge)}; "
+            "their best loss is an upper bound."
+        )
     for s in summaries.values():
         if s.variant == baseline:
             continue
-        p = welch_p_value(s.best_values, base.best_values)
-        evidence = (
-            f"Welch p = {p:.3g}"
-            if p is not None
-            else f"{len(base.best_values)} seed: no p-value, a difference this size may be noise"
-        )
+        c = against_baseline(study, s.variant)
+        if c["difference"] is None:
+            continue
+        evidence = f"paired p = {c['p']:.3g}" if c["p"] is not None else "one seed: no interval"
         diverged = ", ".join(f"{lr:g}" for lr in s.diverged) or "none"
         lines.append(
-            f"{s.variant}: best loss {s.best_mean - base.best_mean:+.4f} against {baseline} ({evidence}); "
-            f"diverged at lr {diverged}."
+            f"{s.variant}: held-out best loss {c['difference']:+.3f}{_interval(c['ci95'], '+.3f')} against {baseline} "
+            f"over {c['seeds']} paired seeds ({evidence}); diverged at lr {diverged}."
         )
     return lines
 
 
-def write_report(inputs: list[str], out: Path, metric: str, speed: Path | None, baseline: str) -> Path:
+def by_model(results: list[Result]) -> dict[str, list[Result]]:
+    """The results of each model (by its config name), in the order the models first appear."""
+    grouped: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        grouped[r.run.config["model"]["name"]].append(r)
+    return dict(grouped)
+
+
+def write_report(
+    inputs: list[str], out: Path, metric: str, speed: Path | None, baseline: str, model: str | None = None
+) -> Path:
     results, skipped = load_results(inputs, metric)
-    study = Study(results, baseline)
+    models = by_model(results)
+    chosen = model or max(models, key=lambda name: len(models[name]))
+    if chosen not in models:
+        raise RunsError(f"no runs of model {chosen!r} here; the models are: {', '.join(models)}")
+    results = models[chosen]
+    others = {name: len(rs) for name, rs in models.items() if name != chosen}
+    study = Study(results, baseline, planned_grid(inputs))
     summaries, lrs, seeds = study.summaries, study.lrs, study.seeds
     evaluated = [evaluate_claim(claim, study) for claim in claims_of(results)]
     out.mkdir(parents=True, exist_ok=True)
@@ -538,18 +654,23 @@ def write_report(inputs: list[str], out: Path, metric: str, speed: Path | None, 
     plot_depth_and_kurtosis(results, base.best_lr, out / "stream_rms_depth.png", out / "feature_kurtosis.png")
 
     table = [
-        f"| variant | best lr | best {metric} (mean ± std) | Δ vs {baseline} | Welch p | LR sensitivity | diverged at lr | "
-        + " | ".join(f"lr {lr:g}" for lr in lrs)
-        + " |",
+        f"| variant | best lr (rates run) | held-out loss at best lr [95% CI] (seeds) | Δ vs {baseline}, paired [95% CI] "
+        "| LR sensitivity [95% CI] | trained | diverged at lr | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |",
         "|---|---|---|---|---|---|---|" + "---|" * len(lrs),
     ]
+    data = study_json(study, metric, evaluated)
+    variants_json = data["variants"]
     for s in summaries.values():
-        delta = "–" if s.variant == baseline else f"{s.best_mean - base.best_mean:+.4f}"
-        p = "–" if s.variant == baseline else _p(s.best_values, base.best_values)
+        v = variants_json[s.variant]
+        best, sens = v["best_loss"], v["lr_sensitivity"]
+        c = against_baseline(study, s.variant) if s.variant != baseline else None
+        delta = "–" if not c or c["difference"] is None else f"{c['difference']:+.3f}{_interval(c['ci95'], '+.3f')}"
+        rates = f"{s.rates[0]:g}–{s.rates[-1]:g}" + ("" if v["best_lr_inside"] else ", at an edge")
         cells = [f"{s.losses_by_lr[lr]:.3f}" if lr in s.losses_by_lr else "" for lr in lrs]
         table.append(
-            f"| {s.variant} | {s.best_lr:g} | {s.best_mean:.4f} ± {s.best_std:.4f} | {delta} | {p} | "
-            f"{s.sensitivity:.3f} | {', '.join(f'{lr:g}' for lr in s.diverged) or '–'} | " + " | ".join(cells) + " |"
+            f"| {s.variant} | {s.best_lr:g} ({rates}) | {best['mean']:.3f}{_interval(best['ci95'])} ({best['seeds']}) | "
+            f"{delta} | {sens['value']:.3f}{_interval(sens['ci95'])} | {'yes' if v['trained'] else '**no**'} | "
+            f"{', '.join(f'{lr:g}' for lr in s.diverged) or '–'} | " + " | ".join(cells) + " |"
         )
     logit_note = (
         f"at lr {survived:g} (the highest the baseline survives)"
@@ -557,17 +678,32 @@ def write_report(inputs: list[str], out: Path, metric: str, speed: Path | None, 
         if survived
         else "(the baseline diverged at every rate)"
     )
+    unigram_line = (
+        f"unigram loss of the validation windows {study.unigram_loss:.3f} (a variant trained when its best is "
+        f"{TRAINED_MARGIN} nats below it: {study.unigram_loss - TRAINED_MARGIN:.3f})"
+        if study.unigram_loss is not None
+        else "no unigram loss recorded"
+    )
+    suffix = shared_suffix([r.run.config["variant"] for r in results])
+    recipe = f" Every variant's label also has `{suffix}`, left out below." if suffix else ""
     report = f"""# Stability study: norm variants across learning rates
 
-{len(results)} runs: {len(summaries)} variants x {len(lrs)} learning rates x {len(seeds)} seed(s), metric `{metric}`,
-initial loss ln(vocabulary) = {results[0].initial_loss:.3f}.
+{len(results)} runs of {len(summaries)} variants. The common grid: {len(study.grid)} learning rates
+({", ".join(f"{lr:g}" for lr in study.grid)}); further rates where a variant's best sat at an edge; seeds
+{", ".join(map(str, seeds))}, paired across variants (a seed fixes the data order and, where shapes agree, the initial weights).
+Metric `{metric}` on the selection windows, initial loss ln(vocabulary) = {results[0].initial_loss:.3f},
+{unigram_line}.{recipe}
 
 ![final loss against learning rate](loss_vs_lr.png)
 
 {chr(10).join(table)}
 
-Per-rate columns: {metric} capped at the initial loss (a diverged run counts as the initial loss), mean over seeds.
-LR sensitivity: mean over the grid of (capped loss - the variant's best), Wortsman et al. 2023, Sec. 3.1.
+Each variant's best rate is chosen on `{metric}` (the selection windows) over the seeds it ran at every
+rate; its loss there is reported on the held-out windows (`{HELDOUT_LOSS}`, disjoint from the selection
+windows), with a 95% bootstrap interval over seeds. Δ: held-out best loss minus the baseline's, paired by
+seed. Per-rate columns: {metric} capped at the initial loss (a diverged run counts as the initial loss),
+mean over seeds. LR sensitivity (Wortsman et al. 2023, Sec. 3.1): mean over the common grid of (capped
+loss − the best of them), on the grid seeds; the interval resamples those seeds.
 
 ## What the numbers show
 
@@ -599,10 +735,16 @@ At lr {base.best_lr:g} (the baseline's best), end of training:
 
 {speed_table(speed, list(summaries))}
 """
+    if others:
+        report += (
+            f"\nThis report is of model {chosen}; these folders also hold "
+            + ", ".join(f"{n} runs of {name}" for name, n in others.items())
+            + " (`--size` compares the models, `--model` reports on another).\n"
+        )
     if skipped:
         report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
     (out / "report.md").write_text(report)
-    (out / "study.json").write_text(json.dumps(study_json(study, metric, evaluated), indent=1))
+    (out / "study.json").write_text(json.dumps(data, indent=1))
     return out / "report.md"
 
 
@@ -615,9 +757,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", default="val/loss", help="val/loss, or val/bpb across tokenizers")
     parser.add_argument("--speed", type=Path, default=None, help="a results.json from scripts/bench_variants.py")
     parser.add_argument("--baseline", default=BASELINE)
+    parser.add_argument("--model", default=None, help="the model to report on (default: the one with the most runs)")
+    parser.add_argument("--size", action="store_true", help="compare LR sensitivity across the models (by_size)")
     args = parser.parse_args(argv)
     try:
-        path = write_report(args.inputs, args.out, args.metric, args.speed, args.baseline)
+        if args.size:
+            from analysis.study_size import write_size_report
+
+            path = write_size_report(args.inputs, args.out, args.metric, args.baseline)
+        else:
+            path = write_report(args.inputs, args.out, args.metric, args.speed, args.baseline, args.model)
     except RunsError as err:
         print(f"study_report: {err}", file=sys.stderr)
         return 1

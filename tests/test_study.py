@@ -19,7 +19,12 @@ def cache_dir(tmp_path_factory):
 def _sweep(sweep_dir, cache_dir, *grid):
     """The study's command on a tiny model and a small grid (grid overrides replace the experiment's)."""
     overrides = [o for o in tiny_overrides(cache_dir, 3) if not o.startswith("train.max_steps")]
-    command = [sys.executable, "train.py", "-m", "+experiment=stability", *overrides, "train.max_steps=3", *grid]
+    command = [
+        sys.executable, "train.py", "-m", "+experiment=stability", *overrides,
+        "train.max_steps=3", "data.heldout_windows=2", *grid,
+    ]  # fmt: skip
+    if not any(o.startswith("hydra/launcher=") for o in grid):
+        command.append("hydra/launcher=basic")  # one process: quicker here than the experiment's joblib
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run(
         [*command, f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
@@ -34,21 +39,27 @@ def _contents(sweep_dir):
     }
 
 
-def test_the_default_grid_names_every_variant_and_learning_rate():
+def test_the_default_grid_is_a_common_grid_of_half_decades_over_wortsmans_range():
     experiment = yaml.safe_load((ROOT / "configs" / "experiment" / "stability.yaml").read_text())
     params = experiment["hydra"]["sweeper"]["params"]
-    assert sorted(params["+study"].split(",")) == STUDY_VARIANTS
+    variants = params["+study"].split(",")
+    assert set(variants) <= set(STUDY_VARIANTS) and len(variants) >= 6
+    assert set(experiment["study_plan"]["headline"]) == {"rmsnorm", "rmsnorm_qk"}
     rates = [float(lr) for lr in params["train.lr"].split(",")]
-    assert len(rates) >= 5 and rates[0] <= 1e-3 and rates[-1] >= 1e-1  # well below to well above the default 3e-3
-    assert all(2.5 < b / a < 4 for a, b in zip(rates, rates[1:]))  # spaced by about 3x
+    assert len(rates) >= 7 and rates[0] <= 3e-4 and rates[-1] >= 1e-1
+    assert all(2.9 < b / a < 3.4 for a, b in zip(rates, rates[1:]))  # half-decades: 1, 3, 10, ...
+    train = experiment["train"]
+    assert train["weight_decay_mode"] == "independent" and train["warmup_steps"] >= 2 / (1 - 0.95)
 
 
 def test_sweep_runs_records_divergence_and_a_rerun_trains_nothing(tmp_path, cache_dir):
     _sweep(tmp_path, cache_dir, "+study=rmsnorm,identity", "train.lr=0.001,10000.0")
     runs = sorted(p.name for p in tmp_path.iterdir() if (p / "config.yaml").exists())
-    assert runs == [f"tiny-{v}-lr{lr}-s0" for v in ("identity", "rmsnorm") for lr in ("0.001", "10000.0")]
+    assert runs == [
+        f"tiny-{v}-wd_independent-lr{lr}-s0" for v in ("identity", "rmsnorm") for lr in ("0.001", "10000.0")
+    ]
     diverged = [r for r in runs if any(row.get("diverged") for row in read_metrics(tmp_path / r))]
-    assert "tiny-identity-lr10000.0-s0" in diverged  # no norm at a huge learning rate: NaN, recorded
+    assert "tiny-identity-wd_independent-lr10000.0-s0" in diverged  # no norm at a huge learning rate: NaN, recorded
     assert not any("lr0.001" in r for r in diverged)
     for run in diverged:
         last = read_metrics(tmp_path / run)[-1]
@@ -60,12 +71,18 @@ def test_sweep_runs_records_divergence_and_a_rerun_trains_nothing(tmp_path, cach
     assert "nothing to train" in rerun.stderr + rerun.stdout
 
 
-def test_the_gpu_grid_is_the_same_study_on_a_larger_model_with_three_seeds():
+def test_the_gpu_grid_is_the_same_study_on_a_larger_model_and_says_what_it_would_run(tmp_path):
     cfg = compose_config("+experiment=stability_gpu", "+study=rmsnorm_qk", "train.lr=0.01", "seed=2")
     assert cfg.model.name == "gpu_25m" and cfg.norm.qk == "rmsnorm" and cfg.train.nan_policy == "record"
-    assert cfg.run_name == "gpu_25m-rmsnorm-qk-lr0.01-s2"
-    experiment = yaml.safe_load((ROOT / "configs" / "experiment" / "stability_gpu.yaml").read_text())
-    assert experiment["hydra"]["sweeper"]["params"]["seed"] == "0,1,2"
+    assert cfg.run_name == "gpu_25m-rmsnorm-qk-wd_independent-lr0.01-s2"
+    assert cfg.train.weight_decay_mode == "independent" and cfg.cpu_threads is None
+    dry = subprocess.run(
+        [sys.executable, "scripts/run_study.py", "+experiment=stability_gpu", f"hydra.sweep.dir={tmp_path}", "--dry-run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "runs to train now" in dry.stdout
+    assert "+study=rmsnorm,rmsnorm_qk train.lr=0.0003,0.001,0.003,0.01,0.03,0.1,0.3 seed=0,1,2" in dry.stdout
 
 
 def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir):
@@ -80,7 +97,7 @@ def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir)
     )
     _sweep(tmp_path, cache_dir, *grid, "cpu_threads=1")
     runs = sorted(p.name for p in tmp_path.iterdir() if (p / "config.yaml").exists())
-    assert runs == ["tiny-layernorm-lr0.001-s0", "tiny-rmsnorm-lr0.001-s0"]
+    assert runs == ["tiny-layernorm-wd_independent-lr0.001-s0", "tiny-rmsnorm-wd_independent-lr0.001-s0"]
     assert all(read_metrics(tmp_path / r)[-1]["step"] == 3 for r in runs)
     assert (tmp_path / ".submitit").is_dir()  # submitit's own job records, beside the runs
     before = _contents(tmp_path)

@@ -1,0 +1,92 @@
+"""What a learning-rate study trains, stage by stage, decided from the runs it already has.
+
+A study's grid is its Hydra sweep (``+study`` variants x ``train.lr`` rates); ``study_plan:`` in
+the experiment config says what comes after it (configs/experiment/stability.yaml):
+
+1. the grid: every variant at every rate with one seed, the headline variants with
+   ``headline_seeds``;
+2. the edges: a variant whose best rate is the lowest (highest) rate it ran at gets the next
+   half-decade below (above), for that variant alone, at most ``extra_rates`` per side;
+3. the seeds: ``best_rate_seeds`` seeds at each variant's best rate.
+
+The best rate is chosen on the seeds every rate of the variant has (its grid seeds), so seeds added
+at the best rate cannot move it. Each stage is a pure function of the finished runs, so rerunning
+the study recomputes where it stands and trains only what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import List  # noqa: UP035  # OmegaConf reads these annotations (the config schema)
+
+# ruff: noqa: UP006
+
+
+@dataclass
+class StudyPlan:
+    """The schema of ``study_plan:`` in the training config."""
+
+    headline: List[str] = field(default_factory=list)  # +study variants run with headline_seeds at every rate
+    headline_seeds: int = 3
+    best_rate_seeds: int = 5
+    extra_rates: int = 2  # half-decades past an edge of the grid, per variant and side, at most
+    seconds_per_run: float = 60.0  # one run's time, for the estimate before any run has finished
+
+
+@dataclass(frozen=True)
+class Job:
+    variant: str  # the +study option
+    lr: float
+    seed: int
+
+
+def half_decade(lr: float, up: bool) -> float:
+    """The next rate on the 1-3-10 grid: 3e-4 -> 1e-3 (up), 3e-4 -> 1e-4 (down)."""
+    exponent = math.floor(math.log10(lr) + 1e-9)
+    mantissa = lr / 10**exponent
+    if math.isclose(mantissa, 1.0, rel_tol=1e-6):
+        return float(f"{3 * 10 ** (exponent - (0 if up else 1)):.0e}")
+    if math.isclose(mantissa, 3.0, rel_tol=1e-6):
+        return float(f"{10 ** (exponent + (1 if up else 0)):.0e}")
+    raise ValueError(f"learning rate {lr:g} is not 1 or 3 times a power of ten; a study's grid steps by half-decades")
+
+
+def grid_seeds(plan: StudyPlan, variant: str) -> list[int]:
+    return list(range(plan.headline_seeds if variant in plan.headline else 1))
+
+
+def best_rate(losses: dict[tuple[float, int], float], seeds: list[int]) -> float | None:
+    """The rate with the lowest mean loss over ``seeds`` among rates that have all of them; of equal
+    losses (every rate capped at the initial loss), the lowest rate. The study's report uses it too."""
+    rates = sorted({lr for lr, _ in losses})
+    complete = {
+        lr: statistics.fmean(losses[(lr, s)] for s in seeds) for lr in rates if all((lr, s) in losses for s in seeds)
+    }
+    return min(complete, key=lambda lr: (complete[lr], lr)) if complete else None
+
+
+def next_jobs(plan: StudyPlan, variant: str, rates: list[float], losses: dict[tuple[float, int], float]) -> list[Job]:
+    """What ``variant`` trains next, given ``losses[(lr, seed)]`` of its finished runs (capped: a
+    diverged run counts as the initial loss). Empty when its part of the study is complete."""
+    seeds = grid_seeds(plan, variant)
+    missing = [Job(variant, lr, s) for lr in rates for s in seeds if (lr, s) not in losses]
+    if missing:
+        return missing
+    tried = sorted({lr for lr, _ in losses})
+    best = best_rate(losses, seeds)
+    for edge, up in ((tried[0], False), (tried[-1], True)):
+        beyond = [lr for lr in tried if (lr > max(rates) if up else lr < min(rates))]
+        if best == edge and len(beyond) < plan.extra_rates:
+            lr = half_decade(edge, up)
+            return [Job(variant, lr, s) for s in seeds]
+    return [Job(variant, best, s) for s in range(plan.best_rate_seeds) if (best, s) not in losses]
+
+
+def planned_runs(plan: StudyPlan, variants: list[str], rates: list[float]) -> int:
+    """How many runs the study trains when no variant needs edge rates (each adds its grid seeds)."""
+    return sum(
+        len(rates) * len(grid_seeds(plan, v)) + max(0, plan.best_rate_seeds - len(grid_seeds(plan, v)))
+        for v in variants
+    )

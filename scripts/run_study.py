@@ -1,0 +1,185 @@
+"""Run a learning-rate study to the end in one command, and write its report.
+
+    python scripts/run_study.py +experiment=stability --out docs/study
+    python scripts/run_study.py +experiment=stability --dry-run       # what it would train, and how long
+
+The arguments other than --out and --dry-run are Hydra overrides, passed to every training
+command (hydra/launcher=submitit_slurm fans the runs out on a cluster). Stage by stage
+(analysis/study_plan.py: the grid, the edges, the seeds at the best rates) it trains what is
+missing through ``python train.py -m``, so an interrupted study resumes where it stopped when the
+command is run again. The report (scripts/study_report.py) lands in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from analysis.runs import RunsError, find_run_dirs, load_run
+from analysis.study import PLAN_FILE, write_report
+from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs
+from training.config import register_configs
+from training.cpu_threads import concurrent_jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+PERF_ELAPSED = "perf/elapsed_s"
+
+
+# The sweep axes the study plans over; the same keys on the command line replace the experiment's.
+AXES = ("+study", "train.lr", "model")
+
+
+def split_axes(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The command line's sweep axes (``+study=a,b``), and the overrides every run shares."""
+    axes = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] in AXES}
+    return axes, [o for o in overrides if o.split("=", 1)[0] not in AXES]
+
+
+def compose_study(overrides: list[str]):
+    """The experiment's config with its Hydra node; its variants, rates and models (``[None]`` when it
+    sweeps no model); and each (model name, label) that its runs record, as (model, variant)."""
+    given, overrides = split_axes(overrides)
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        axes = {**{k: str(v) for k, v in (cfg.hydra.sweeper.params or {}).items()}, **given}
+        if "+study" not in axes or "train.lr" not in axes:
+            raise SystemExit("run_study: the experiment must sweep +study and train.lr (hydra.sweeper.params)")
+        variants = axes["+study"].split(",")
+        models = axes["model"].split(",") if "model" in axes else [None]
+        labels = {}
+        for model in models:
+            for variant in variants:
+                chosen = [f"+study={variant}"] + ([f"model={model}"] if model else [])
+                v = compose("config", overrides=[*overrides, *chosen])
+                labels[(v.model.name, v.variant)] = (model, variant)
+    rates = sorted(float(lr) for lr in axes["train.lr"].split(","))
+    return cfg, overrides, variants, rates, models, labels
+
+
+def finished_losses(sweep_dir: Path, labels: dict, max_steps: int):
+    """Per (model, variant), ``{(lr, seed): capped loss}`` of its finished runs, and their wall-clock seconds."""
+    losses: dict[str, dict] = defaultdict(dict)
+    seconds = []
+    try:
+        paths = find_run_dirs([str(sweep_dir)])
+    except RunsError:  # nothing trained yet
+        return losses, seconds
+    for path in paths:
+        try:
+            run = load_run(path)
+        except RunsError:
+            continue  # started but nothing logged yet: it trains again
+        variant = labels.get((run.config["model"]["name"], run.config["variant"]))
+        last = run.rows[-1]["step"] if run.rows else 0
+        if variant is None or (run.diverged_at is None and last < max_steps):
+            continue
+        initial = math.log(run.config["runtime"]["vocab_size"])
+        final = run.last("val/loss")
+        loss = initial if run.diverged_at is not None or final is None else min(final, initial)
+        losses[variant][(float(run.config["train"]["lr"]), int(run.config["seed"]))] = loss
+        if (elapsed := run.last(PERF_ELAPSED)) is not None:
+            seconds.append(elapsed)
+    return losses, seconds
+
+
+def commands(jobs: dict[str | None, list[Job]]) -> list[list[str]]:
+    """Hydra multirun sweeps, each a product of variants x rates x seeds on one model, that train
+    exactly ``jobs`` (by model)."""
+    out = []
+    for model, model_jobs in jobs.items():
+        by_variant: dict[str, dict[int, set]] = defaultdict(lambda: defaultdict(set))
+        for job in model_jobs:
+            by_variant[job.variant][job.seed].add(job.lr)
+        grouped: dict[tuple, list[str]] = defaultdict(list)
+        for variant, rates_by_seed in by_variant.items():
+            seeds_by_rates: dict[tuple, list[int]] = defaultdict(list)
+            for seed, rates in rates_by_seed.items():
+                seeds_by_rates[tuple(sorted(rates))].append(seed)
+            for rates, seeds in seeds_by_rates.items():
+                grouped[(rates, tuple(sorted(seeds)))].append(variant)
+        out += [
+            ([f"model={model}"] if model else [])
+            + [
+                f"+study={','.join(variants)}",
+                f"train.lr={','.join(f'{lr:g}' for lr in rates)}",
+                f"seed={','.join(map(str, seeds))}",
+            ]
+            for (rates, seeds), variants in grouped.items()
+        ]
+    return out
+
+
+def describe(todo: int, done: int, planned: int, seconds: list[float], plan: StudyPlan, at_once: int) -> str:
+    per_run = statistics.fmean(seconds) if seconds else plan.seconds_per_run
+    source = f"{len(seconds)} finished runs" if seconds else "study_plan.seconds_per_run"
+    left = max(todo, planned - done)
+    return (
+        f"{todo} runs to train now; {done} finished, about {planned} in the whole study "
+        f"(more if a best rate sits at an edge). At {per_run:.0f} s a run ({source}), {at_once} at once: "
+        f"about {left * per_run / at_once / 60:.0f} min left."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="the report's folder (default: <sweep dir>/report)")
+    parser.add_argument("--dry-run", action="store_true", help="say what the next stage trains, and stop")
+    args, overrides = parser.parse_known_args(argv)
+    cfg, overrides, variants, rates, models, labels = compose_study(overrides)
+    plan = StudyPlan(**OmegaConf.to_container(cfg.study_plan))
+    unknown = sorted(set(plan.headline) - set(variants))
+    if unknown:
+        print(f"run_study: study_plan.headline names {', '.join(unknown)}, not among +study: {', '.join(variants)}")
+        return 2
+    sweep_dir = ROOT / cfg.hydra.sweep.dir if not Path(cfg.hydra.sweep.dir).is_absolute() else Path(cfg.hydra.sweep.dir)
+    at_once = concurrent_jobs(OmegaConf.to_container(cfg.hydra.launcher), os.cpu_count() or 1)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    record = {"learning_rates": rates, "variants": variants, "models": models, "plan": dataclasses.asdict(plan)}
+    (sweep_dir / PLAN_FILE).write_text(json.dumps(record, indent=1))
+    planned = planned_runs(plan, variants, rates) * len(models)
+    failed_before: set[tuple] = set()
+    while True:
+        losses, seconds = finished_losses(sweep_dir, labels, cfg.train.max_steps)
+        jobs = {m: [j for v in variants for j in next_jobs(plan, v, rates, losses.get((m, v), {}))] for m in models}
+        todo = {(m, j) for m, model_jobs in jobs.items() for j in model_jobs}
+        if not todo:
+            if args.dry_run:
+                print("run_study: nothing to train; the study is complete")
+                return 0
+            break
+        done = sum(len(v) for v in losses.values())
+        print(f"run_study: {describe(len(todo), done, planned, seconds, plan, at_once)}", flush=True)
+        if args.dry_run:
+            for command in commands(jobs):
+                print("  python train.py -m " + " ".join([*overrides, *command]))
+            return 0
+        if failed_before & todo:
+            stuck = ", ".join(
+                f"{m or ''} {j.variant} lr {j.lr:g} seed {j.seed}".strip()
+                for m, j in sorted(failed_before & todo, key=str)
+            )
+            print(f"run_study: these runs did not finish when trained: {stuck}; see their train.log under {sweep_dir}")
+            return 1
+        for command in commands(jobs):
+            subprocess.run([sys.executable, "train.py", "-m", *overrides, *command], cwd=ROOT, check=False)
+        failed_before = todo
+    out = args.out or sweep_dir / "report"
+    write_report([str(sweep_dir)], out, "val/loss", None, "rmsnorm")
+    print(f"run_study: complete; the report is {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
