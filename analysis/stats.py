@@ -67,3 +67,23 @@ def bootstrap_ci(
     tail = (1 - level) / 2
     low, high = np.quantile(estimates, [tail, 1 - tail])
     return float(low), float(high)
+
+
+def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rho: the Pearson correlation of the ranks (ties share their mean rank); None below three pairs."""
+    if len(a) < 3:
+        return None
+
+    def ranks(values: Sequence[float]) -> np.ndarray:
+        order = np.argsort(values, kind="stable")
+        r = np.empty(len(values))
+        r[order] = np.arange(len(values), dtype=float)
+        for value in set(values):  # ties: the mean of their ranks
+            tied = np.asarray(values) == value
+            r[tied] = r[tied].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])

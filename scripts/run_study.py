@@ -26,9 +26,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from analysis.runs import RunsError, find_run_dirs, load_run
+from analysis.runs import BASELINE, RunsError, find_run_dirs, load_run
 from analysis.study import PLAN_FILE, write_report
 from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs
+from analysis.study_size import write_size_report
 from training.config import register_configs
 from training.cpu_threads import concurrent_jobs
 
@@ -176,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "train.py", "-m", *overrides, *command], cwd=ROOT, check=False)
         failed_before = todo
     out = args.out or sweep_dir / "report"
-    write_report([str(sweep_dir)], out, "val/loss", None, "rmsnorm")
+    if len(models) > 1:
+        write_size_report([str(sweep_dir)], out, "val/loss", BASELINE)
+    else:
+        write_report([str(sweep_dir)], out, "val/loss", None, BASELINE)
     print(f"run_study: complete; the report is {out / 'report.md'}")
     return 0
 

@@ -1,0 +1,320 @@
+"""What each norm choice costs under quantization, against its outlier features and massive activations.
+
+The library behind ``scripts/outliers_report.py``:
+
+    python train.py -m +experiment=outliers
+    python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]
+    python scripts/outliers_report.py runs/outliers --out docs/outliers
+
+For each run it reads the last checkpoint's entry in the run's eval.json (eval.py's float loss,
+its probes and the quantized losses) and writes into --out:
+
+- quant_vs_outliers.png: each scheme's loss increase against the outlier-feature kurtosis and
+  against the massive-activation ratio, one point per run (marker = seed);
+- depth.png: the massive-activation ratio and the attention-sink mass against depth, per variant;
+- report.md and outliers.json: per variant the mean of each quantity with a 95% bootstrap interval
+  over seeds, each variant's w8a8_tensor cost against the baseline's paired by seed, the rank
+  correlation of kurtosis with that cost over runs, and what the data supports.
+
+Kurtosis is He et al.'s (arXiv 2405.19279): of the residual stream's per-feature RMS, the largest
+over blocks (the block whose inputs are hardest to quantize). The massive-activation ratio is Sun
+et al.'s (arXiv 2402.17762): the largest |h| over the median |h| of the stream leaving a block,
+again the largest over blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis.keys import metric_key
+from analysis.plots import pyplot, save
+from analysis.runs import BASELINE, Run, RunsError, find_run_dirs, layer_values, load_run
+from analysis.stats import bootstrap_ci, paired_p_value, rank_correlation
+from analysis.study import shared_suffix
+
+KURTOSIS = metric_key("act/layers.{i}/stream_feature_kurtosis")
+MASSIVE = metric_key("act/layers.{i}/massive_ratio")
+SINK = metric_key("attn/layers.{i}/sink_mass")
+SCHEMES = ("w8a8", "w8a8_tensor", "w4a16", "fp8")
+PER_TENSOR = "w8a8_tensor"  # where a few outlier features coarsen every feature's grid
+POSITIVE_CONTROL = "prmsnorm"
+EVAL_COMMAND = "python eval.py 'checkpoint=<runs>/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]"
+
+
+@dataclass
+class Point:
+    """One run, evaluated: float loss, outlier statistics, and the loss increase under each scheme."""
+
+    run: Run
+    variant: str
+    seed: int
+    loss: float
+    kurtosis: float
+    massive_ratio: float
+    sink_mass: float
+    deltas: dict[str, float]
+    by_layer: dict[str, list[float]]
+
+
+def _last_eval(run: Run) -> dict | None:
+    path = run.path / "eval.json"
+    if not path.is_file():
+        return None
+    entries = json.loads(path.read_text())
+    newest = max(entries.values(), key=lambda e: e["step"], default=None)
+    return newest if newest and "quant" in newest else None
+
+
+def load_points(inputs: list[str]) -> tuple[list[Point], list[str]]:
+    points, skipped = [], []
+    for path in find_run_dirs(inputs):
+        try:
+            run = load_run(path)
+        except RunsError as err:
+            skipped.append(str(err))
+            continue
+        result = _last_eval(run)
+        if result is None:
+            skipped.append(f"{path}: no quantized evaluation in eval.json; run {EVAL_COMMAND}")
+            continue
+        layers = {
+            name: layer_values(result, key)
+            for name, key in (("kurtosis", KURTOSIS), ("massive", MASSIVE), ("sink", SINK))
+        }
+        points.append(
+            Point(
+                run,
+                run.config["variant"],
+                run.config["seed"],
+                result["val/loss"],
+                max(layers["kurtosis"]),
+                max(layers["massive"]),
+                statistics.fmean(layers["sink"]),
+                {scheme: result["quant"][scheme]["delta/val/loss"] for scheme in SCHEMES if scheme in result["quant"]},
+                layers,
+            )
+        )
+    if not points:
+        raise RunsError(f"no run under {', '.join(inputs)} has a quantized evaluation; run {EVAL_COMMAND}")
+    suffix = shared_suffix([p.variant for p in points])
+    for p in points:
+        p.variant = p.variant.removesuffix(suffix)
+    return points, skipped
+
+
+def _by_variant(points: list[Point]) -> dict[str, list[Point]]:
+    grouped: dict[str, list[Point]] = {}
+    for p in sorted(points, key=lambda p: (p.variant, p.seed)):
+        grouped.setdefault(p.variant, []).append(p)
+    return grouped
+
+
+def _summary(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "ci95": bootstrap_ci(values), "n": len(values)}
+
+
+def paired_cost(points: list[Point], variant: str, baseline: str, scheme: str) -> dict | None:
+    """``variant``'s loss increase under ``scheme`` minus the baseline's, paired by seed."""
+    grouped = _by_variant(points)
+    if variant not in grouped or baseline not in grouped:
+        return None
+    base = {p.seed: p.deltas.get(scheme) for p in grouped[baseline]}
+    pairs = [
+        (p.deltas[scheme], base[p.seed])
+        for p in grouped[variant]
+        if base.get(p.seed) is not None and scheme in p.deltas
+    ]
+    if not pairs:
+        return None
+    diffs = [a - b for a, b in pairs]
+    return {
+        "difference": statistics.fmean(diffs),
+        "ci95": bootstrap_ci(diffs),
+        "p": paired_p_value(*zip(*pairs)),
+        "seeds": len(pairs),
+    }
+
+
+def summarize(points: list[Point], baseline: str) -> dict:
+    variants = {}
+    for variant, runs in _by_variant(points).items():
+        variants[variant] = {
+            "loss": _summary([p.loss for p in runs]),
+            "kurtosis": _summary([p.kurtosis for p in runs]),
+            "massive_ratio": _summary([p.massive_ratio for p in runs]),
+            "sink_mass": _summary([p.sink_mass for p in runs]),
+            "delta": {s: _summary([p.deltas[s] for p in runs if s in p.deltas]) for s in SCHEMES},
+            "vs_baseline": paired_cost(points, variant, baseline, PER_TENSOR) if variant != baseline else None,
+        }
+    kurt = [p.kurtosis for p in points if PER_TENSOR in p.deltas]
+    cost = [p.deltas[PER_TENSOR] for p in points if PER_TENSOR in p.deltas]
+    massive = [p.massive_ratio for p in points if PER_TENSOR in p.deltas]
+    return {
+        "baseline": baseline,
+        "variants": variants,
+        "rank_correlation": {
+            "kurtosis_vs_" + PER_TENSOR: rank_correlation(kurt, cost),
+            "massive_ratio_vs_" + PER_TENSOR: rank_correlation(massive, cost),
+            "runs": len(cost),
+        },
+    }
+
+
+def plot_quant_vs_outliers(points: list[Point], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(2, len(SCHEMES), figsize=(4.2 * len(SCHEMES), 7.5), squeeze=False)
+    colors = {v: f"C{i}" for i, v in enumerate(_by_variant(points))}
+    markers = "os^Dvx"
+    for row, (attr, label) in enumerate(
+        (
+            ("kurtosis", "feature kurtosis (max over blocks)"),
+            ("massive_ratio", "massive-activation ratio (max over blocks)"),
+        )
+    ):
+        for col, scheme in enumerate(SCHEMES):
+            ax = axes[row][col]
+            for p in points:
+                if scheme in p.deltas:
+                    ax.scatter(
+                        getattr(p, attr),
+                        p.deltas[scheme],
+                        color=colors[p.variant],
+                        marker=markers[p.seed % len(markers)],
+                        label=p.variant if p.seed == min(q.seed for q in points) else None,
+                    )
+            ax.set_xscale("log")
+            ax.set_xlabel(label)
+            ax.set_ylabel(f"{scheme}: loss increase (nats)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Loss increase under each scheme, one point per run (marker = seed)")
+    save(fig, path)
+
+
+def plot_depth(points: list[Point], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for variant, runs in _by_variant(points).items():
+        for ax, key in zip(axes, ("massive", "sink")):
+            per_layer = [statistics.fmean(values) for values in zip(*(p.by_layer[key] for p in runs))]
+            ax.plot(range(1, len(per_layer) + 1), per_layer, marker="o", label=variant)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("massive-activation ratio: max |h| / median |h|")
+    axes[1].set_ylabel("attention-sink mass: mean weight on position 0")
+    for ax in axes:
+        ax.set_xlabel("block (depth)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Leaving each block, mean over seeds")
+    save(fig, path)
+
+
+def _ci(entry: dict, spec: str = ".3g") -> str:
+    ci = entry.get("ci95")
+    return f"{entry['mean']:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
+
+
+def conclusions(summary: dict) -> list[str]:
+    """What the data supports, from the intervals (never from the means alone)."""
+    variants, baseline = summary["variants"], summary["baseline"]
+    lines = []
+    control = variants.get(POSITIVE_CONTROL, {}).get("vs_baseline")
+    if control:
+        ci = control["ci95"]
+        k_control, k_base = variants[POSITIVE_CONTROL]["kurtosis"]["mean"], variants[baseline]["kurtosis"]["mean"]
+        shown = (
+            "costs more"
+            if ci and ci[0] > 0
+            else "costs less"
+            if ci and ci[1] < 0
+            else "is not shown to cost more or less"
+        )
+        lines.append(
+            f"Positive control: {POSITIVE_CONTROL} (kurtosis {k_control:.3g} against {baseline}'s {k_base:.3g}) "
+            f"{shown} under {PER_TENSOR} than {baseline}: {control['difference']:+.4f} nats"
+            + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+            + f" paired over {control['seeds']} seeds."
+        )
+    for variant, entry in variants.items():
+        cost = entry["vs_baseline"]
+        if variant in (baseline, POSITIVE_CONTROL) or not cost or not cost["ci95"]:
+            continue
+        low, high = cost["ci95"]
+        if low > 0 or high < 0:
+            word = "more" if low > 0 else "less"
+            lines.append(
+                f"{variant} costs {word} under {PER_TENSOR} than {baseline}: {cost['difference']:+.4f} [{low:+.4f}, {high:+.4f}]."
+            )
+    rho = summary["rank_correlation"]
+    lines.append(
+        f"Over all {rho['runs']} runs, the rank correlation with the {PER_TENSOR} loss increase is "
+        f"{rho['kurtosis_vs_' + PER_TENSOR]:+.2f} for kurtosis and {rho['massive_ratio_vs_' + PER_TENSOR]:+.2f} "
+        "for the massive-activation ratio."
+    )
+    return lines
+
+
+def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path:
+    points, skipped = load_points(inputs)
+    if baseline not in {p.variant for p in points}:
+        raise RunsError(
+            f"the baseline {baseline!r} is not among the variants: {', '.join(sorted({p.variant for p in points}))}"
+        )
+    summary = summarize(points, baseline)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_quant_vs_outliers(points, out / "quant_vs_outliers.png")
+    plot_depth(points, out / "depth.png")
+    table = [
+        "| variant | seeds | val/loss (float) | kurtosis | massive ratio | sink mass | "
+        + " | ".join(f"Δ {s}" for s in SCHEMES)
+        + f" | Δ {PER_TENSOR} − {baseline}'s, paired |",
+        "|---|---|---|---|---|---|" + "---|" * len(SCHEMES) + "---|",
+    ]
+    for variant, v in summary["variants"].items():
+        paired = v["vs_baseline"]
+        paired_cell = (
+            "–"
+            if not paired
+            else f"{paired['difference']:+.4f}"
+            + (f" [{paired['ci95'][0]:+.4f}, {paired['ci95'][1]:+.4f}]" if paired["ci95"] else "")
+        )
+        table.append(
+            f"| {variant} | {v['loss']['n']} | {_ci(v['loss'], '.3f')} | {_ci(v['kurtosis'])} | {_ci(v['massive_ratio'])} | "
+            f"{_ci(v['sink_mass'], '.2f')} | "
+            + " | ".join(_ci(v["delta"][s], "+.4f") for s in SCHEMES)
+            + f" | {paired_cell} |"
+        )
+    report = f"""# Outlier features, massive activations and quantization, by norm choice
+
+{len(points)} runs ({len({p.variant for p in points})} variants x seeds), each evaluated in float and under
+{", ".join(SCHEMES)} (model/quantize.py: the blocks' linear layers fake-quantized; embeddings and head in float).
+Δ: quantized minus float validation loss (nats). Means over seeds with 95% bootstrap intervals.
+
+{chr(10).join(table)}
+
+Kurtosis: of the residual stream's per-feature RMS, the largest over blocks (3 for Gaussian features;
+He et al. 2024, arXiv 2405.19279). Massive ratio: the largest |h| over the median |h| leaving a block,
+largest over blocks (Sun et al. 2024, arXiv 2402.17762). Sink mass: the mean attention weight that queries
+give position 0, mean over blocks.
+
+![loss increase against outlier statistics](quant_vs_outliers.png)
+
+![massive activations and attention sinks against depth](depth.png)
+
+## What the data supports
+
+{chr(10).join("- " + line for line in conclusions(summary))}
+"""
+    if skipped:
+        report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
+    (out / "report.md").write_text(report)
+    runs = [
+        {"variant": p.variant, "seed": p.seed, "loss": p.loss, "kurtosis": p.kurtosis, "massive_ratio": p.massive_ratio,
+         "sink_mass": p.sink_mass, "delta": p.deltas}
+        for p in points
+    ]  # fmt: skip
+    (out / "outliers.json").write_text(json.dumps({**summary, "runs": runs}, indent=1))
+    return out / "report.md"

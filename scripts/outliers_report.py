@@ -1,0 +1,35 @@
+"""What each norm choice costs under quantization, against its outlier features and massive activations.
+
+    python train.py -m +experiment=outliers
+    python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]
+    python scripts/outliers_report.py runs/outliers --out docs/outliers
+
+What it reads, computes and writes: analysis/outliers.py.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from analysis.outliers import write_report
+from analysis.runs import BASELINE, RunsError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", nargs="+", help="the experiment's run folder (runs/outliers), run folders or globs")
+    parser.add_argument("--out", type=Path, default=Path("outliers"))
+    parser.add_argument("--baseline", default=BASELINE)
+    args = parser.parse_args(argv)
+    try:
+        path = write_report(args.inputs, args.out, args.baseline)
+    except RunsError as err:
+        print(f"outliers_report: {err}", file=sys.stderr)
+        return 1
+    print(path.read_text())
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The outliers report on tiny runs evaluated under every scheme, and its statistics by hand."""
+
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+from tiny_runs import CONFIG_DIR, run_tiny
+
+import eval as eval_script
+from analysis import outliers
+from analysis.runs import RunsError
+from analysis.stats import rank_correlation
+
+
+def test_rank_correlation_by_hand():
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks 0,1,2,3 against 0,2,1,3: d^2 = 0+1+1+0, rho = 1 - 6*2 / (4*15) = 0.8
+    assert rank_correlation([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert rank_correlation([1, 2], [1, 2]) is None and rank_correlation([1, 1, 1], [1, 2, 3]) is None
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("cache"))
+    runs = tmp_path_factory.mktemp("outliers")
+    for norm in ("rmsnorm", "prmsnorm"):
+        for seed in (0, 1):
+            run_tiny(runs / f"{norm}-s{seed}", cache, 4, f"norm={norm}", f"seed={seed}")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=[f"checkpoint={runs}/*", "quant=[w8a8,w8a8_tensor,w4a16,fp8]", "num_samples=1"])
+    eval_script.run_eval(cfg, tmp_path_factory.mktemp("eval"))
+    return runs
+
+
+def test_the_report_pairs_each_variants_cost_with_the_baselines_and_plots_it(evaluated, tmp_path):
+    path = outliers.write_report([str(evaluated)], tmp_path)
+    data = json.loads((tmp_path / "outliers.json").read_text())
+    assert set(data["variants"]) == {"rmsnorm", "prmsnorm"} and len(data["runs"]) == 4
+    runs = {(r["variant"], r["seed"]): r for r in data["runs"]}
+    paired = data["variants"]["prmsnorm"]["vs_baseline"]
+    by_hand = [
+        runs[("prmsnorm", s)]["delta"]["w8a8_tensor"] - runs[("rmsnorm", s)]["delta"]["w8a8_tensor"] for s in (0, 1)
+    ]
+    assert paired["difference"] == pytest.approx(sum(by_hand) / 2) and paired["seeds"] == 2
+    assert data["variants"]["rmsnorm"]["vs_baseline"] is None
+    for run in data["runs"]:
+        assert run["kurtosis"] > 0 and run["massive_ratio"] >= 1 and 0 <= run["sink_mass"] <= 1
+    report = path.read_text()
+    assert "Positive control: prmsnorm" in report and "rank correlation" in report
+    assert (tmp_path / "quant_vs_outliers.png").stat().st_size > 0 and (tmp_path / "depth.png").stat().st_size > 0
+
+
+def test_runs_without_a_quantized_evaluation_are_named_with_the_command(evaluated, tmp_path):
+    bare = tmp_path / "bare"
+    (bare / "run").mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl", "tokenizer.json"):
+        (bare / "run" / name).write_bytes((evaluated / "rmsnorm-s0" / name).read_bytes())
+    with pytest.raises(
+        RunsError, match=r"has a quantized evaluation; run python eval.py.*quant=\[w8a8,w8a8_tensor,w4a16,fp8\]"
+    ):
+        outliers.write_report([str(bare)], tmp_path / "out")
