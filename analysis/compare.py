@@ -25,6 +25,7 @@ from analysis.runs import (
     default_baseline,
     find_runs,
     group_runs,
+    latest_eval,
     loss_ceiling,
     swept_keys,
 )
@@ -40,6 +41,11 @@ ELAPSED = metric_key("perf/elapsed_s")
 PEAK_MEM = metric_key("perf/peak_mem_gb")
 NORM_TIME_FRAC = metric_key("perf/norm_time_frac")
 LOSS_CURVES = (metric_key("train/loss"), metric_key("val/loss"))
+BY_DEPTH = (
+    (metric_key("act/layers.{i}/stream_rms"), "residual stream RMS"),
+    (metric_key("act/layers.{i}/massive_ratio"), "massive-activation ratio (max |h| / median |h|)"),
+    (metric_key("attn/layers.{i}/sink_mass"), "attention-sink mass (weight on position 0)"),
+)
 
 DESCRIPTION = "Compare training runs without wandb: plots and a Markdown summary, grouped by norm variant."
 
@@ -153,6 +159,34 @@ def plot_gains(groups: dict[str, list[Run]], path: Path) -> None:
     save(fig, path)
 
 
+def plot_depth(groups: dict[str, list[Run]], path: Path) -> None:
+    """Each by-layer statistic against depth at the last step that logged it, mean over a group's runs."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(BY_DEPTH), figsize=(5.5 * len(BY_DEPTH), 4.2))
+    for ax, (template, label) in zip(axes, BY_DEPTH):
+        for name, runs in groups.items():
+            layers = [values for r in runs if (values := r.by_layer(template))]
+            if layers:
+                ax.plot(
+                    range(1, len(layers[0]) + 1), [statistics.fmean(v) for v in zip(*layers)], marker="o", label=name
+                )
+        ax.set_xlabel("block (depth)")
+        ax.set_ylabel(label)
+        ax.set_yscale("log" if "sink" not in template else "linear")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    save(fig, path)
+
+
+def quant_deltas(runs: list[Run]) -> dict[str, float]:
+    """Per quantization scheme, the mean loss increase over the runs that eval.py evaluated under it."""
+    per_scheme: dict[str, list[float]] = {}
+    for run in runs:
+        for scheme, q in ((latest_eval(run) or {}).get("quant") or {}).items():
+            per_scheme.setdefault(scheme, []).append(q["delta/val/loss"])
+    return {scheme: statistics.fmean(values) for scheme, values in per_scheme.items()}
+
+
 def _mean_of_last(runs: list[Run], key: str) -> float | None:
     values = [v for r in runs if (v := r.last(key)) is not None]
     return statistics.fmean(values) if values else None
@@ -168,9 +202,13 @@ def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | Non
     if baseline is not None and baseline not in groups:
         raise RunsError(f"--baseline {baseline!r} is not one of the groups: {', '.join(groups)}")
     base = finals.get(baseline, [])
+    deltas = {name: quant_deltas(runs) for name, runs in groups.items()}
+    schemes = sorted({scheme for d in deltas.values() for scheme in d})
     lines = [
-        f"| group | runs | final {metric} | Δ vs {baseline} | Welch p | tokens/s | MFU | peak mem (GB) | time in norms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| group | runs | final {metric} | Δ vs {baseline} | Welch p | "
+        + "".join(f"Δ loss {s} | " for s in schemes)
+        + "tokens/s | MFU | peak mem (GB) | time in norms |",
+        "|---|---|---|---|---|" + "---|" * len(schemes) + "---|---|---|---|",
     ]
     fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     for name, runs in groups.items():
@@ -185,7 +223,8 @@ def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | Non
         norm_frac = _mean_of_last(runs, NORM_TIME_FRAC)
         lines.append(
             f"| {name} | {len(runs)} | {fmt(mean, '.4f')} ± {std:.4f} | {fmt(delta, '+.4f')} | {p_text} | "
-            f"{fmt(_median_of(runs, TOKENS_PER_SEC), ',.0f')} | {fmt(_median_of(runs, MFU), '.1%')} | "
+            + "".join(f"{fmt(deltas[name].get(s), '+.4f')} | " for s in schemes)
+            + f"{fmt(_median_of(runs, TOKENS_PER_SEC), ',.0f')} | {fmt(_median_of(runs, MFU), '.1%')} | "
             f"{fmt(_mean_of_last(runs, PEAK_MEM), '.2f')} | {fmt(norm_frac, '.1%')} |"
         )
     return "\n".join(lines)
@@ -204,6 +243,7 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     plot_throughput(groups, out / "throughput.png")
     plot_activations(groups, out / "activations.png")
     plot_gains(groups, out / "gains.png")
+    plot_depth(groups, out / "depth.png")
     runs_list = "\n".join(
         f"- `{r.path}` ({group_by}={r.lookup(group_by) if group_by != SWEPT else r.config['variant']}, "
         f"seed {r.config.get('seed')}, {r.status()}"
@@ -213,8 +253,10 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     summary = (
         f"# Run comparison, grouped by {grouping}\n\n{summary_table(groups, metric, baseline)}\n\n"
         f"Final {metric}: mean ± standard deviation over each group's runs (seeds pooled). "
-        "Throughput, MFU and time in norms are medians over logged steps, averaged over runs.\n\n"
-        f"Plots: loss.png, throughput.png, activations.png, gains.png\n\nRuns:\n{runs_list}\n"
+        "Throughput, MFU and time in norms are medians over logged steps, averaged over runs. "
+        "Δ loss <scheme>: the quantized minus the float loss that eval.py quant=[...] wrote in each run's "
+        "eval.json, mean over the group's evaluated runs.\n\n"
+        f"Plots: loss.png, throughput.png, activations.png, gains.png, depth.png\n\nRuns:\n{runs_list}\n"
     )
     (out / "summary.md").write_text(summary)
     return out / "summary.md"

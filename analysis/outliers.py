@@ -31,7 +31,7 @@ from pathlib import Path
 
 from analysis.keys import metric_key
 from analysis.plots import pyplot, save
-from analysis.runs import BASELINE, Run, RunsError, find_run_dirs, layer_values, load_run
+from analysis.runs import BASELINE, Run, RunsError, find_run_dirs, latest_eval, layer_values, load_run
 from analysis.stats import bootstrap_ci, paired_p_value, rank_correlation
 from analysis.study import shared_suffix
 
@@ -60,11 +60,7 @@ class Point:
 
 
 def _last_eval(run: Run) -> dict | None:
-    path = run.path / "eval.json"
-    if not path.is_file():
-        return None
-    entries = json.loads(path.read_text())
-    newest = max(entries.values(), key=lambda e: e["step"], default=None)
+    newest = latest_eval(run)
     return newest if newest and "quant" in newest else None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -68,6 +69,13 @@ class Run:
     @property
     def diverged_at(self) -> int | None:
         return diverged_step(self.rows)
+
+    @property
+    def unfinished(self) -> bool:
+        """Stopped before train.max_steps without diverging: still training, or interrupted."""
+        max_steps = self.config.get("train", {}).get("max_steps")
+        last = self.rows[-1].get("step", 0) if self.rows else 0
+        return self.diverged_at is None and max_steps is not None and last < max_steps
 
     def status(self) -> str:
         """finished, diverged at step N, or the steps logged so far (still training, or stopped)."""
@@ -163,6 +171,15 @@ def loss_ceiling(runs: list[Run]) -> float | None:
     that blew up (a loss of 1e30 before its NaN) does not squeeze every other curve flat."""
     sizes = [r.config.get("runtime", {}).get("vocab_size") for r in runs]
     return 1.25 * math.log(max(sizes)) if sizes and all(sizes) else None
+
+
+def latest_eval(run: Run) -> dict | None:
+    """The newest checkpoint's entry in the run's eval.json (what eval.py wrote), or None."""
+    path = run.path / "eval.json"
+    if not path.is_file():
+        return None
+    entries = json.loads(path.read_text())
+    return max(entries.values(), key=lambda e: e["step"], default=None)
 
 
 def default_baseline(groups) -> str:

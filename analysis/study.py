@@ -17,7 +17,8 @@ metrics are named and skipped) and writes into --out:
   declares (analysis/claims.py), each with its statistic, interval and verdict;
 - attention_logits.png: the largest attention logit against step, at the highest learning rate
   the baseline survives and the next one up;
-- stream_rms_depth.png: the residual stream's RMS against depth at the end of training;
+- depth.png: the residual stream's RMS, the massive-activation ratio and the attention-sink mass
+  against depth at the end of training;
 - feature_kurtosis.png: the outlier-feature kurtosis of the residual stream over training.
 
 LR sensitivity (Wortsman et al., Sec. 3.1): the mean over the learning-rate grid of
@@ -53,6 +54,11 @@ MAX_LOGIT = metric_key("attn/layers.{i}/max_logit")
 HELDOUT_LOSS = metric_key("heldout/loss")
 GRAD_BY_LAYER = metric_key("grad/{part}").replace("{part}", "layers.{i}")
 SATURATED = metric_key("act/{norm}/saturated")
+BY_DEPTH = (
+    (STREAM_RMS, "residual stream RMS leaving the block"),
+    (metric_key("act/layers.{i}/massive_ratio"), "massive-activation ratio (max |h| / median |h|)"),
+    (metric_key("attn/layers.{i}/sink_mass"), "attention-sink mass (weight on position 0)"),
+)
 
 
 @dataclass
@@ -81,11 +87,8 @@ def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str
             skipped.append(str(err))
             continue
         cfg = run.config
-        last_step = run.rows[-1]["step"] if run.rows else 0
-        if run.diverged_at is None and last_step < cfg["train"]["max_steps"]:
-            skipped.append(
-                f"{path}: unfinished (step {last_step} of {cfg['train']['max_steps']}); rerun the study to finish it"
-            )
+        if run.unfinished:
+            skipped.append(f"{path}: {run.status()}; rerun the study to finish it")
             continue
         results.append(
             Result(run, cfg["variant"], float(cfg["train"]["lr"]), cfg["seed"], run.last(metric), run.diverged_at)
@@ -266,17 +269,19 @@ def plot_attention_logits(results: list[Result], lrs: list[float], path: Path) -
 
 
 def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, kurtosis_path: Path) -> None:
-    """The Peri-LN figure (stream RMS against depth) and feature kurtosis over training, at one learning rate."""
+    """The Peri-LN figure (stream RMS against depth) beside the massive-activation ratio and the
+    attention-sink mass against depth, and feature kurtosis over training, at one learning rate."""
     plt = pyplot()
     chosen = sorted(
         (r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.variant
     )
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in chosen:
-        rms = r.run.by_layer(STREAM_RMS)  # at the last step that logged it
-        if rms:
-            ax.plot(range(1, len(rms) + 1), rms, marker="o", label=r.variant)
-    _log_axes(ax, "block (depth)", "residual stream RMS leaving the block", f"end of training, lr {lr:g}")
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
+    for ax, (template, label) in zip(axes, BY_DEPTH):
+        for r in chosen:
+            values = r.run.by_layer(template)  # at the last step that logged it
+            if values:
+                ax.plot(range(1, len(values) + 1), values, marker="o", label=r.variant)
+        _log_axes(ax, "block (depth)", label, f"end of training, lr {lr:g}")
     save(fig, depth_path)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -629,7 +634,7 @@ def by_model(results: list[Result]) -> dict[str, list[Result]]:
     """The results of each model (by its config name), in the order the models first appear."""
     grouped: dict[str, list[Result]] = defaultdict(list)
     for r in results:
-        grouped[r.run.config["model"]["name"]].append(r)
+        grouped[r.run.config.get("model", {}).get("name", "")].append(r)
     return dict(grouped)
 
 
@@ -651,7 +656,7 @@ def write_report(
     survived, above = study.survived_lr, study.lr_above
     plot_attention_logits(results, [lr for lr in (survived, above) if lr is not None], out / "attention_logits.png")
     base = summaries[baseline]
-    plot_depth_and_kurtosis(results, base.best_lr, out / "stream_rms_depth.png", out / "feature_kurtosis.png")
+    plot_depth_and_kurtosis(results, base.best_lr, out / "depth.png", out / "feature_kurtosis.png")
 
     table = [
         f"| variant | best lr (rates run) | held-out loss at best lr [95% CI] (seeds) | Δ vs {baseline}, paired [95% CI] "
@@ -723,11 +728,11 @@ The largest pre-softmax attention logit (max over layers) against step, {logit_n
 
 ![attention logits](attention_logits.png)
 
-## The residual stream with depth, and outlier features
+## The residual stream, massive activations and attention sinks with depth, and outlier features
 
 At lr {base.best_lr:g} (the baseline's best), end of training:
 
-![stream RMS against depth](stream_rms_depth.png)
+![stream RMS, massive activations and attention sinks against depth](depth.png)
 
 ![feature kurtosis over training](feature_kurtosis.png)
 

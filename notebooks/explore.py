@@ -51,6 +51,8 @@ def _():
         "residual-stream RMS": metric_key("act/layers.{i}/stream_rms"),
         "residual-stream feature kurtosis": metric_key("act/layers.{i}/stream_feature_kurtosis"),
         "largest attention logit": metric_key("attn/layers.{i}/max_logit"),
+        "massive-activation ratio": metric_key("act/layers.{i}/massive_ratio"),
+        "attention-sink mass": metric_key("attn/layers.{i}/sink_mass"),
     }
 
     ARGS = mo.cli_args()
@@ -454,8 +456,11 @@ def _(LAYER_PANELS, go, group_colors, make_subplots, mo, run_groups, step_slider
     mo.stop(step_slider is None)
 
     _panels = LAYER_PANELS
-    layers_figure = make_subplots(rows=1, cols=3, subplot_titles=list(_panels))
-    for _col, _stat in enumerate(_panels.values(), 1):
+    _cols = 3  # panels per row
+    _rows = -(-len(_panels) // _cols)
+    layers_figure = make_subplots(rows=_rows, cols=_cols, subplot_titles=list(_panels))
+    for _i, _stat in enumerate(_panels.values()):
+        _row, _col = _i // _cols + 1, _i % _cols + 1
         for _group, _runs in run_groups.items():
             for _run in _runs:
                 _y = _run.by_layer(_stat, step_slider.value)
@@ -465,16 +470,16 @@ def _(LAYER_PANELS, go, group_colors, make_subplots, mo, run_groups, step_slider
                         y=_y,
                         name=_run.path.name,
                         legendgroup=_group,
-                        showlegend=_col == 1,
+                        showlegend=_i == 0,
                         line_color=group_colors[_group],
                     ),
-                    row=1,
+                    row=_row,
                     col=_col,
                 )
     layers_figure.update_yaxes(type="log")
     layers_figure.update_xaxes(title="layer")
     layers_figure.update_layout(
-        height=420, title=f"per layer at step {step_slider.value} (the last logged at or before)"
+        height=380 * _rows, title=f"per layer at step {step_slider.value} (the last logged at or before)"
     )
     layers_figure
     return

@@ -69,7 +69,7 @@ def compose_study(overrides: list[str]):
     return cfg, overrides, variants, rates, models, labels
 
 
-def finished_losses(sweep_dir: Path, labels: dict, max_steps: int):
+def finished_losses(sweep_dir: Path, labels: dict):
     """Per (model, variant), ``{(lr, seed): capped loss}`` of its finished runs, and their wall-clock seconds."""
     losses: dict[str, dict] = defaultdict(dict)
     seconds = []
@@ -83,8 +83,7 @@ def finished_losses(sweep_dir: Path, labels: dict, max_steps: int):
         except RunsError:
             continue  # started but nothing logged yet: it trains again
         variant = labels.get((run.config["model"]["name"], run.config["variant"]))
-        last = run.rows[-1]["step"] if run.rows else 0
-        if variant is None or (run.diverged_at is None and last < max_steps):
+        if variant is None or run.unfinished:
             continue
         initial = math.log(run.config["runtime"]["vocab_size"])
         final = run.last("val/loss")
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     planned = planned_runs(plan, variants, rates) * len(models)
     failed_before: set[tuple] = set()
     while True:
-        losses, seconds = finished_losses(sweep_dir, labels, cfg.train.max_steps)
+        losses, seconds = finished_losses(sweep_dir, labels)
         jobs = {m: [j for v in variants for j in next_jobs(plan, v, rates, losses.get((m, v), {}))] for m in models}
         todo = {(m, j) for m, model_jobs in jobs.items() for j in model_jobs}
         if not todo:

@@ -91,16 +91,16 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     out = tmp_path / "report"
     assert study_report.main([str(study), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    for figure in ("loss_vs_lr.png", "attention_logits.png", "stream_rms_depth.png", "feature_kurtosis.png"):
+    for figure in ("loss_vs_lr.png", "attention_logits.png", "depth.png", "feature_kurtosis.png"):
         assert (out / figure).stat().st_size > 5_000, figure
     rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
     rms = rows["rmsnorm"].split("|")
-    assert rms[2].strip() == "0.01" and rms[3].strip().startswith("4.0000")
-    assert float(rms[6]) == pytest.approx(((5.0 - 4.0) + (L0 - 4.0)) / 3, abs=1e-3)
-    assert rms[7].strip() == "0.1"  # diverged at lr 0.1
-    assert float(rows["rmsnorm-qk"].split("|")[6]) == pytest.approx((1.0 + 0.4) / 3, abs=1e-3)
-    assert rows["dyt"].split("|")[4].strip() == "+0.9000"
-    assert rows["dyt"].split("|")[5].strip() == "–"  # one seed: no p-value
+    assert rms[2].strip() == "0.01 (0.001–0.1)" and rms[3].strip() == "4.000 (1)"  # one seed: no interval
+    assert float(rms[5]) == pytest.approx(((5.0 - 4.0) + (L0 - 4.0)) / 3, abs=1e-3)
+    assert rms[6].strip() == "yes" and rms[7].strip() == "0.1"  # diverged at lr 0.1
+    assert float(rows["rmsnorm-qk"].split("|")[5]) == pytest.approx((1.0 + 0.4) / 3, abs=1e-3)
+    assert rows["dyt"].split("|")[4].strip() == "+0.900"  # paired over its one seed: no interval
+    assert rows["dyt"].split("|")[6].strip() == "**no**"
     assert "identity" not in rows and "## Skipped" in report and "deep-identity-lr0.001-s0" in report
     results = json.loads((out / "study.json").read_text())
     assert results["learning_rates"] == [0.001, 0.01, 0.1] and results["unigram_loss"] is None
@@ -112,7 +112,7 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
         "diverged": True,
     } in [{k: c[k] for k in ("variant", "lr", "seed", "loss", "diverged")} for c in results["cells"]]
     rms = results["variants"]["rmsnorm"]
-    assert rms["best_lr"] == 0.01 and rms["best_lr_inside_grid"] and rms["trained"]
+    assert rms["best_lr"] == 0.01 and rms["best_lr_inside"] and rms["trained"] and rms["rates"] == [0.001, 0.01, 0.1]
     assert rms["best_loss"]["mean"] == 4.0 and rms["best_loss"]["ci95"] is None  # one seed: no interval
     assert rms["lr_sensitivity"]["value"] == pytest.approx(((5.0 - 4.0) + (L0 - 4.0)) / 3)
     dyt = results["variants"]["dyt"]  # 0.9 nats behind the baseline (runs without a unigram line: the fallback)
@@ -120,7 +120,7 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     assert {c["verdict"] for c in results["claims"]} == {"inconclusive", "not tested"}
     # The attention panels: the baseline survives 0.01 and diverges at 0.1.
     assert "at lr 0.01 (the highest the baseline survives) and 0.1 (the next one up)" in report
-    assert "1 seed: no p-value" in report
+    assert "over 1 paired seeds (one seed: no interval)" in report
     # Claims, each evaluated from the arms its config fields pick: one seed gives numbers, no interval.
     claims = {line.split("|")[1].strip(): line for line in report.splitlines() if "(expect " in line}
     assert (
@@ -138,7 +138,8 @@ def test_seeds_give_welch_p_values(tmp_path):
     for seed, (a, b) in enumerate([(4.0, 4.5), (4.1, 4.6), (4.05, 4.55)]):
         _write_run(root, "rmsnorm", 0.01, a, seed=seed)
         _write_run(root, "layernorm", 0.01, b, seed=seed)
-    summaries = study_report.summarize(study_report.load_results([str(root)], "val/loss")[0])
+    results = study_report.load_results([str(root)], "val/loss")[0]
+    summaries = study_report.summarize(results, study_report.common_grid(results))
     assert summaries["layernorm"].best_mean - summaries["rmsnorm"].best_mean == pytest.approx(0.5)
     assert welch_p_value(summaries["layernorm"].best_values, summaries["rmsnorm"].best_values) < 0.01
 
