@@ -349,6 +349,11 @@ class Study:
             self.untrained = {v for v, s in self.summaries.items() if s.best_mean - base.best_mean > UNTRAINED_GAP}
         self.survived_lr, self.lr_above = surviving_lrs(results, baseline)
 
+    def best_inside(self, variant: str) -> bool:
+        """Whether the variant's best rate lies strictly inside the rates it ran at."""
+        rates = self.summaries[variant].rates
+        return rates[0] < self.summaries[variant].best_lr < rates[-1]
+
     def config(self, variant: str) -> dict:
         return next(r.run for r in self.results if r.variant == variant).config
 
@@ -466,7 +471,7 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
         variants[name] = {
             "best_lr": summary.best_lr,
             "rates": summary.rates,
-            "best_lr_inside": summary.rates[0] < summary.best_lr < summary.rates[-1],
+            "best_lr_inside": study.best_inside(name),
             "grid_seeds": summary.grid_seeds,
             "best_loss": {
                 "mean": statistics.fmean(best) if best else None,
@@ -508,6 +513,10 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     untrained = sorted({arm, against} & study.untrained)
     if untrained:
         why = f"{', '.join(untrained)} did not train at any rate here, so the study cannot show this"
+        return {**result, "verdict": "not tested", "why": why}
+    at_edge = sorted(v for v in (arm, against) if not study.best_inside(v))
+    if at_edge:
+        why = f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known"
         return {**result, "verdict": "not tested", "why": why}
     stat = STATISTICS[claim.statistic]
     seeds = [s for s in study.seeds if stat(study, arm, [s]) is not None and stat(study, against, [s]) is not None]

@@ -167,7 +167,7 @@ def test_a_claim_with_seeds_gets_a_paired_interval_and_a_verdict(tmp_path):
     by both arms), so its paired difference in best loss has an interval below zero."""
     root = tmp_path / "seeds"
     for seed, offset in enumerate([0.0, 0.3, -0.2]):
-        for lr, (base, qk) in {0.001: (5.0, 4.9), 0.01: (4.0, 3.8)}.items():
+        for lr, (base, qk) in {0.001: (5.0, 4.9), 0.01: (4.0, 3.8), 0.1: (4.6, 4.5)}.items():
             _write_run(root, "rmsnorm", lr, base + offset, seed=seed)
             _write_run(root, "rmsnorm-qk", lr, qk + offset + 0.01 * seed, seed=seed)
     results, _ = study_report.load_results([str(root)], "val/loss")
@@ -180,6 +180,10 @@ def test_a_claim_with_seeds_gets_a_paired_interval_and_a_verdict(tmp_path):
     assert -0.2 - 1e-9 <= low <= high < 0 and evaluated["p"] < 0.01 and evaluated["verdict"] == "agrees"
     flipped = study_report.evaluate_claim(study_report.Claim("x", "test", "best_loss", QK, PRE, "higher"), study)
     assert flipped["verdict"] == "disagrees"
+    # Without the highest rate both arms' best sits at the edge of the rates run: no verdict on a best loss.
+    edge = study_report.Study([r for r in results if r.lr < 0.1], "rmsnorm")
+    at_edge = study_report.evaluate_claim(claim, edge)
+    assert at_edge["verdict"] == "not tested" and "best rate at an edge" in at_edge["why"]
 
 
 def test_grouping_by_swept_keys_pools_only_seeds(tmp_path):
