@@ -155,13 +155,19 @@ class VariantSummary:
 PLAN_FILE = "study_plan.json"  # what scripts/run_study.py planned, written into the study's folder
 
 
-def planned_grid(inputs: list[str]) -> list[float] | None:
-    """The common learning-rate grid that scripts/run_study.py recorded in a study folder, if any."""
+def read_plan(inputs: list[str]) -> dict | None:
+    """What scripts/run_study.py recorded in a study folder (its grid, variants and claims), if any."""
     for folder in inputs:
         plan = Path(folder) / PLAN_FILE
         if plan.is_file():
-            return sorted(json.loads(plan.read_text())["learning_rates"])
+            return json.loads(plan.read_text())
     return None
+
+
+def planned_grid(inputs: list[str]) -> list[float] | None:
+    """The common learning-rate grid that scripts/run_study.py recorded in a study folder, if any."""
+    plan = read_plan(inputs)
+    return sorted(plan["learning_rates"]) if plan else None
 
 
 def common_grid(results: list[Result], planned: list[float] | None = None) -> list[float]:
@@ -237,7 +243,7 @@ def _over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]
 
 def surviving_lrs(results: list[Result], baseline: str) -> tuple[float | None, float | None]:
     """The highest learning rate at which the baseline did not diverge, and the next one up (or None)."""
-    lrs = sorted({r.lr for r in results})
+    lrs = sorted({r.lr for r in results if r.variant == baseline})  # not the rates only others ran past an edge
     survived = [lr for lr in lrs if all(r.diverged_at is None for r in results if r.variant == baseline and r.lr == lr)]
     highest = max(survived) if survived else None
     above = [lr for lr in lrs if highest is not None and lr > highest]
@@ -368,12 +374,12 @@ class Study:
         return [self.cells[(variant, lr, s)] for s in seeds if (variant, lr, s) in self.cells]
 
     def lr_sensitivity(self, variant: str, seeds) -> float | None:
-        """Over the common grid, from the given seeds' runs (a rate that lacks them is left out)."""
-        losses = {
-            lr: statistics.fmean(capped_loss(r) for r in runs)
-            for lr in self.grid
-            if (runs := self._runs(variant, lr, seeds))
-        }
+        """Over the common grid, from the given seeds' runs; None unless every grid rate has all of them
+        (a seed run only at the best rate says nothing about sensitivity)."""
+        wanted = set(seeds)
+        if not all(wanted <= {r.seed for r in self._runs(variant, lr, self.seeds)} for lr in self.grid):
+            return None
+        losses = {lr: statistics.fmean(capped_loss(r) for r in self._runs(variant, lr, seeds)) for lr in self.grid}
         return lr_sensitivity(losses) if losses else None
 
     def best_loss(self, variant: str, seeds) -> float | None:
@@ -499,29 +505,30 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
 
 def evaluate_claim(claim: Claim, study: Study) -> dict:
     """The claim with both arms' statistic, their paired difference (95% bootstrap interval over
-    seeds, paired t-test p-value) and the verdict that the interval supports."""
+    seeds, paired t-test p-value) and the verdict that the interval supports. A claim that says why
+    it is not tested (``not_tested:``) keeps its numbers where they exist, and that verdict."""
     if claim.statistic not in STATISTICS:
         raise RunsError(f"claim {claim.claim!r}: unknown statistic {claim.statistic!r}; one of {', '.join(STATISTICS)}")
     result = {"claim": claim.claim, "source": claim.source, "statistic": claim.statistic, "expect": claim.expect}
     arm, against = study.variant_with(claim.arm), study.variant_with(claim.against)
     result.update(arm=arm, against=against)
-    if claim.not_tested:
-        return {**result, "verdict": "not tested", "why": claim.not_tested}
+
+    def not_tested(why: str) -> dict:
+        return {**result, "verdict": "not tested", "why": claim.not_tested or why}
+
     missing = [str(fields) for fields, v in ((claim.arm, arm), (claim.against, against)) if v is None]
     if missing:
-        return {**result, "verdict": "not tested", "why": f"no variant in these runs has {' or '.join(missing)}"}
+        return not_tested(f"no variant in these runs has {' or '.join(missing)}")
     untrained = sorted({arm, against} & study.untrained)
     if untrained:
-        why = f"{', '.join(untrained)} did not train at any rate here, so the study cannot show this"
-        return {**result, "verdict": "not tested", "why": why}
+        return not_tested(f"{', '.join(untrained)} did not train at any rate here, so the study cannot show this")
     at_edge = sorted(v for v in (arm, against) if not study.best_inside(v))
     if at_edge:
-        why = f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known"
-        return {**result, "verdict": "not tested", "why": why}
+        return not_tested(f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known")
     stat = STATISTICS[claim.statistic]
     seeds = [s for s in study.seeds if stat(study, arm, [s]) is not None and stat(study, against, [s]) is not None]
     if not seeds:
-        return {**result, "verdict": "not tested", "why": f"no seed has {claim.statistic} for both arms"}
+        return not_tested(f"no seed has {claim.statistic} for both arms")
     a, b = stat(study, arm, seeds), stat(study, against, seeds)
 
     def difference(sample) -> float:
@@ -531,18 +538,24 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     ci = bootstrap_ci(seeds, difference, resamples=2000) if len(seeds) > 1 else None
     p = paired_p_value([stat(study, arm, [s]) for s in seeds], [stat(study, against, [s]) for s in seeds])
     result.update(value_arm=a, value_against=b, difference=a - b, ci95=ci, p=p, seeds=len(seeds))
+    if claim.not_tested:
+        return not_tested("")
     result["verdict"] = verdict(claim.expect, ci, claim.margin)
     if ci is None:
         result["why"] = "one seed: no interval"
     return result
 
 
-def claims_of(results: list[Result]) -> list[Claim]:
-    """The claims the runs' experiment config declares (``claims:`` in config.yaml), once each."""
+def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Claim]:
+    """The claims the study declares: as scripts/run_study.py recorded them in the study's folder
+    (the experiment config's current ``claims:``), else as the runs' records hold them, once each."""
+    plan = read_plan(inputs or [])
+    specs = (
+        plan["claims"] if plan and "claims" in plan else [c for r in results for c in r.run.config.get("claims") or []]
+    )
     found: dict[str, Claim] = {}
-    for r in results:
-        for spec in r.run.config.get("claims") or []:
-            found.setdefault(spec["claim"], Claim(**spec))
+    for spec in specs:
+        found.setdefault(spec["claim"], Claim(**spec))
     return list(found.values())
 
 
@@ -659,7 +672,7 @@ def write_report(
     others = {name: len(rs) for name, rs in models.items() if name != chosen}
     study = Study(results, baseline, planned_grid(inputs))
     summaries, lrs, seeds = study.summaries, study.lrs, study.seeds
-    evaluated = [evaluate_claim(claim, study) for claim in claims_of(results)]
+    evaluated = [evaluate_claim(claim, study) for claim in claims_of(results, inputs)]
     out.mkdir(parents=True, exist_ok=True)
     plot_loss_vs_lr(results, out / "loss_vs_lr.png")
     survived, above = study.survived_lr, study.lr_above

@@ -36,7 +36,7 @@ def _sizes(run_config: dict) -> tuple[int, int]:
     return params, params - tables
 
 
-def by_size(results: list[Result], baseline: str, grid: list[float] | None = None) -> list[dict]:
+def by_size(results: list[Result], baseline: str, inputs: list[str]) -> list[dict]:
     """Per model, smallest first: its size and each shared variant's LR sensitivity and best loss."""
     models = by_model(results)
     shared = set.intersection(*({r.variant for r in rs} for rs in models.values()))
@@ -44,7 +44,7 @@ def by_size(results: list[Result], baseline: str, grid: list[float] | None = Non
         raise RunsError(f"the baseline {baseline!r} is not run at every model size ({', '.join(models)})")
     rows = []
     for name, model_results in models.items():
-        study = Study([r for r in model_results if r.variant in shared], baseline, grid)
+        study = Study([r for r in model_results if r.variant in shared], baseline, planned_grid(inputs))
         params, non_embedding = _sizes(model_results[0].run.config)
         variants = {}
         for variant in sorted(shared):
@@ -58,7 +58,7 @@ def by_size(results: list[Result], baseline: str, grid: list[float] | None = Non
                 "best_loss": sum(best) / len(best),
                 "seeds": len(study.summaries[variant].grid_seeds),
             }
-        claims = [evaluate_claim(claim, study) for claim in claims_of(model_results)]
+        claims = [evaluate_claim(claim, study) for claim in claims_of(model_results, inputs)]
         rows.append(
             {
                 "model": name,
@@ -102,7 +102,7 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
     if len(by_model(results)) < 2:
         raise RunsError("these runs are of one model; a size comparison needs runs of two or more")
     grid = planned_grid(inputs)
-    rows = by_size(results, baseline, grid)
+    rows = by_size(results, baseline, inputs)
     out.mkdir(parents=True, exist_ok=True)
     plot_sensitivity_vs_size(rows, out / "lr_sensitivity_vs_size.png")
     variants = list(rows[0]["variants"])
