@@ -45,7 +45,8 @@ def by_size(results: list[Result], baseline: str, inputs: list[str]) -> list[dic
     rows = []
     for name, model_results in models.items():
         study = Study([r for r in model_results if r.variant in shared], baseline, planned_grid(inputs))
-        params, non_embedding = _sizes(model_results[0].run.config)
+        base_config = next(r.run.config for r in model_results if r.variant == baseline)
+        params, non_embedding = _sizes(base_config)  # the baseline's: QK-norm adds its gains
         variants = {}
         for variant in sorted(shared):
             best, _ = heldout_best_loss(study, variant)
@@ -62,7 +63,7 @@ def by_size(results: list[Result], baseline: str, inputs: list[str]) -> list[dic
         rows.append(
             {
                 "model": name,
-                "d_model": model_results[0].run.config["model"]["d_model"],
+                "d_model": base_config["model"]["d_model"],
                 "params": params,
                 "non_embedding_params": non_embedding,
                 "variants": variants,

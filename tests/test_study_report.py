@@ -11,6 +11,7 @@ from analysis import compare as compare_runs
 from analysis import study as study_report
 from analysis.runs import SWEPT, RunsError, default_baseline, find_runs, group_runs, loss_ceiling, swept_keys
 from analysis.stats import welch_p_value
+from analysis.study_size import by_size, write_size_report
 
 QK = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": "rmsnorm"}
 PRE = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": None}
@@ -237,3 +238,35 @@ def test_a_blown_up_run_does_not_set_the_loss_axis(tmp_path):
     runs = find_runs([str(tmp_path / "b")])
     assert loss_ceiling(runs) == pytest.approx(1.25 * math.log(VOCAB))
     assert compare_runs.main([str(tmp_path / "b"), "--out", str(tmp_path / "c")]) == 0
+
+
+def test_the_size_report_compares_lr_sensitivity_across_models(tmp_path):
+    """Two widths, each a study of its own: by_size holds each model's sensitivity with its seeds' interval."""
+    root = tmp_path / "size"
+    # At d = 64 QK-norm is flat over the rates; at d = 32 both variants lose 1 nat at the edges.
+    losses = {
+        32: {"rmsnorm": (5.0, 4.0, 5.0), "rmsnorm-qk": (5.0, 4.0, 5.0)},
+        64: {"rmsnorm": (5.0, 4.0, 6.0), "rmsnorm-qk": (4.0, 4.0, 4.0)},
+    }
+    for d, by_variant in losses.items():
+        for variant, values in by_variant.items():
+            for seed in (0, 1):
+                for lr, loss in zip((0.001, 0.01, 0.1), values):
+                    run = _write_run(root / f"d{d}", variant, lr, loss + 0.01 * seed, seed=seed)
+                    config = yaml.safe_load((run / "config.yaml").read_text())
+                    config["model"] = {"name": f"study_d{d}", "d_model": d, "tie_embeddings": True}
+                    config["runtime"]["params"] = 1000 * d + VOCAB * d
+                    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    results, _ = study_report.load_results([str(root)], "val/loss")
+    rows = by_size(results, "rmsnorm", [str(root)])
+    assert [r["model"] for r in rows] == ["study_d32", "study_d64"]
+    assert [r["non_embedding_params"] for r in rows] == [32_000, 64_000]
+    assert rows[1]["variants"]["rmsnorm"]["lr_sensitivity"]["value"] == pytest.approx((1.0 + 0 + 2.0) / 3)
+    assert rows[1]["variants"]["rmsnorm-qk"]["lr_sensitivity"]["value"] == pytest.approx(0.0)
+    assert rows[0]["variants"]["rmsnorm"]["lr_sensitivity"]["ci95"] is not None  # two seeds: an interval
+    write_size_report([str(root)], tmp_path / "out", "val/loss", "rmsnorm")
+    data = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert [r["model"] for r in data["by_size"]] == ["study_d32", "study_d64"]
+    assert (tmp_path / "out" / "lr_sensitivity_vs_size.png").stat().st_size > 5_000
+    with pytest.raises(RunsError, match="one model"):
+        write_size_report([str(root / "d32")], tmp_path / "one", "val/loss", "rmsnorm")
