@@ -33,11 +33,12 @@ from analysis.keys import metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, find_run_dirs, latest_eval, layer_values, load_run
 from analysis.stats import bootstrap_ci, paired_p_value, rank_correlation
-from analysis.study import shared_suffix
+from analysis.study import TRAINED_MARGIN, shared_switches, without_switches
 
 KURTOSIS = metric_key("act/layers.{i}/stream_feature_kurtosis")
 MASSIVE = metric_key("act/layers.{i}/massive_ratio")
 SINK = metric_key("attn/layers.{i}/sink_mass")
+MASSIVE_AT = (metric_key("act/layers.{i}/massive_position"), metric_key("act/layers.{i}/massive_feature"))
 SCHEMES = ("w8a8", "w8a8_tensor", "w4a16", "fp8")
 PER_TENSOR = "w8a8_tensor"  # where a few outlier features coarsen every feature's grid
 POSITIVE_CONTROL = "prmsnorm"
@@ -57,6 +58,13 @@ class Point:
     sink_mass: float
     deltas: dict[str, float]
     by_layer: dict[str, list[float]]
+    pinned: bool  # the largest activation sits at one (position, feature) in every block
+
+    @property
+    def trained(self) -> bool:
+        """At least TRAINED_MARGIN below the unigram loss of its validation windows (as the study judges it)."""
+        unigram = self.run.config["runtime"].get("unigram_val_loss")
+        return unigram is None or self.loss < unigram - TRAINED_MARGIN
 
 
 def _last_eval(run: Run) -> dict | None:
@@ -91,13 +99,14 @@ def load_points(inputs: list[str]) -> tuple[list[Point], list[str]]:
                 statistics.fmean(layers["sink"]),
                 {scheme: result["quant"][scheme]["delta/val/loss"] for scheme in SCHEMES if scheme in result["quant"]},
                 layers,
+                len(set(zip(*(layer_values(result, key) for key in MASSIVE_AT)))) == 1,
             )
         )
     if not points:
         raise RunsError(f"no run under {', '.join(inputs)} has a quantized evaluation; run {EVAL_COMMAND}")
-    suffix = shared_suffix([p.variant for p in points])
+    shared = shared_switches([p.variant for p in points])
     for p in points:
-        p.variant = p.variant.removesuffix(suffix)
+        p.variant = without_switches(p.variant, shared)
     return points, skipped
 
 
@@ -142,12 +151,15 @@ def summarize(points: list[Point], baseline: str) -> dict:
             "kurtosis": _summary([p.kurtosis for p in runs]),
             "massive_ratio": _summary([p.massive_ratio for p in runs]),
             "sink_mass": _summary([p.sink_mass for p in runs]),
+            "pinned_massive_activation": sum(p.pinned for p in runs),
+            "trained": all(p.trained for p in runs),
             "delta": {s: _summary([p.deltas[s] for p in runs if s in p.deltas]) for s in SCHEMES},
             "vs_baseline": paired_cost(points, variant, baseline, PER_TENSOR) if variant != baseline else None,
         }
-    kurt = [p.kurtosis for p in points if PER_TENSOR in p.deltas]
-    cost = [p.deltas[PER_TENSOR] for p in points if PER_TENSOR in p.deltas]
-    massive = [p.massive_ratio for p in points if PER_TENSOR in p.deltas]
+    counted = [p for p in points if PER_TENSOR in p.deltas and p.trained]  # an untrained model's outliers say nothing
+    kurt = [p.kurtosis for p in counted]
+    cost = [p.deltas[PER_TENSOR] for p in counted]
+    massive = [p.massive_ratio for p in counted]
     return {
         "baseline": baseline,
         "variants": variants,
@@ -217,8 +229,9 @@ def conclusions(summary: dict) -> list[str]:
     """What the data supports, from the intervals (never from the means alone)."""
     variants, baseline = summary["variants"], summary["baseline"]
     lines = []
+    untrained = [v for v, e in variants.items() if not e["trained"]]
     control = variants.get(POSITIVE_CONTROL, {}).get("vs_baseline")
-    if control:
+    if control and not {POSITIVE_CONTROL, baseline} & set(untrained):
         ci = control["ci95"]
         k_control, k_base = variants[POSITIVE_CONTROL]["kurtosis"]["mean"], variants[baseline]["kurtosis"]["mean"]
         shown = (
@@ -234,9 +247,14 @@ def conclusions(summary: dict) -> list[str]:
             + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
             + f" paired over {control['seeds']} seeds."
         )
+    if untrained:
+        lines.append(
+            f"{', '.join(untrained)} did not train (loss not {TRAINED_MARGIN} nats below the unigram loss), so "
+            "its outlier statistics and quantization costs are left out of every statement below."
+        )
     for variant, entry in variants.items():
         cost = entry["vs_baseline"]
-        if variant in (baseline, POSITIVE_CONTROL) or not cost or not cost["ci95"]:
+        if variant in (baseline, POSITIVE_CONTROL, *untrained) or not cost or not cost["ci95"]:
             continue
         low, high = cost["ci95"]
         if low > 0 or high < 0:
@@ -244,12 +262,26 @@ def conclusions(summary: dict) -> list[str]:
             lines.append(
                 f"{variant} costs {word} under {PER_TENSOR} than {baseline}: {cost['difference']:+.4f} [{low:+.4f}, {high:+.4f}]."
             )
+    pinned = [
+        f"{v} ({e['pinned_massive_activation']} of {e['loss']['n']})"
+        for v, e in variants.items()
+        if e["pinned_massive_activation"]
+    ]
+    if pinned:
+        lines.append(
+            "Runs whose largest activation sits at one (position, feature) in every block, a massive activation "
+            f"carried down the residual stream (Sun et al. 2024): {', '.join(pinned)}. Per-token scales confine "
+            "such a value to its own token; a per-tensor scale spreads its cost over every token."
+        )
     rho = summary["rank_correlation"]
-    lines.append(
-        f"Over all {rho['runs']} runs, the rank correlation with the {PER_TENSOR} loss increase is "
-        f"{rho['kurtosis_vs_' + PER_TENSOR]:+.2f} for kurtosis and {rho['massive_ratio_vs_' + PER_TENSOR]:+.2f} "
-        "for the massive-activation ratio."
-    )
+    kurt, massive = rho["kurtosis_vs_" + PER_TENSOR], rho["massive_ratio_vs_" + PER_TENSOR]
+    if kurt is None or massive is None:
+        lines.append(f"Too few runs that trained ({rho['runs']}) for a rank correlation with the {PER_TENSOR} cost.")
+    else:
+        lines.append(
+            f"Over the {rho['runs']} runs that trained, the rank correlation with the {PER_TENSOR} loss increase "
+            f"is {kurt:+.2f} for kurtosis and {massive:+.2f} for the massive-activation ratio."
+        )
     return lines
 
 
@@ -278,7 +310,7 @@ def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path
             + (f" [{paired['ci95'][0]:+.4f}, {paired['ci95'][1]:+.4f}]" if paired["ci95"] else "")
         )
         table.append(
-            f"| {variant} | {v['loss']['n']} | {_ci(v['loss'], '.3f')} | {_ci(v['kurtosis'])} | {_ci(v['massive_ratio'])} | "
+            f"| {variant}{'' if v['trained'] else ' (did not train)'} | {v['loss']['n']} | {_ci(v['loss'], '.3f')} | {_ci(v['kurtosis'])} | {_ci(v['massive_ratio'])} | "
             f"{_ci(v['sink_mass'], '.2f')} | "
             + " | ".join(_ci(v["delta"][s], "+.4f") for s in SCHEMES)
             + f" | {paired_cell} |"

@@ -96,24 +96,25 @@ def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str
     if not results:
         raise RunsError(f"no run under {', '.join(inputs)} has metrics to report on")
     check_comparable([r.run for r in results], metric)
-    suffix = shared_suffix([r.variant for r in results])
+    shared = shared_switches([r.variant for r in results])
     for r in results:
-        r.variant = r.variant.removesuffix(suffix)
+        r.variant = without_switches(r.variant, shared)
     return results, skipped
 
 
-def shared_suffix(labels: list[str]) -> str:
-    """The switches every variant has (``-wd_independent`` when the whole study decays independently),
-    so that variants are named by what tells them apart: ``rmsnorm``, ``rmsnorm-qk``."""
+def shared_switches(labels: list[str]) -> list[str]:
+    """The switches every variant's label has (``wd_independent`` when the whole study decays
+    independently), so that variants can be named by what tells them apart."""
     parts = [label.split("-") for label in set(labels)]
     if len(parts) < 2:
-        return ""
-    shared = []
-    for tail in zip(*(reversed(p[1:]) for p in parts)):
-        if len(set(tail)) > 1:
-            break
-        shared.append(tail[0])
-    return "".join("-" + part for part in reversed(shared))
+        return []
+    return [part for part in parts[0][1:] if all(part in p[1:] for p in parts)]
+
+
+def without_switches(label: str, switches: list[str]) -> str:
+    """``label`` less ``switches`` (its first part, the norm's name, always stays): ``rmsnorm-qk``."""
+    parts = label.split("-")
+    return "-".join([parts[0], *(p for p in parts[1:] if p not in switches)])
 
 
 def capped_loss(result: Result) -> float:
@@ -711,8 +712,8 @@ def write_report(
         if study.unigram_loss is not None
         else "no unigram loss recorded"
     )
-    suffix = shared_suffix([r.run.config["variant"] for r in results])
-    recipe = f" Every variant's label also has `{suffix}`, left out below." if suffix else ""
+    shared = shared_switches([r.run.config["variant"] for r in results])
+    recipe = f" Every variant's label also has `{'-'.join(shared)}`, left out below." if shared else ""
     report = f"""# Stability study: norm variants across learning rates
 
 {len(results)} runs of {len(summaries)} variants. The common grid: {len(study.grid)} learning rates

@@ -31,10 +31,11 @@ DEFAULT_GRID = ["+study=rmsnorm,dyt", "train.lr=1e-2,3e-2"]
 
 
 def launch_modes(jobs: int, cores: int) -> dict[str, list[str]]:
+    """The experiment pins one thread per run under joblib; each mode here says its own launcher and threads."""
     parallel = ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
     return {
-        "sequential": [],
-        f"{jobs} jobs, shared cores": parallel,
+        "sequential": ["hydra/launcher=basic", "cpu_threads=null"],
+        f"{jobs} jobs, shared cores": [*parallel, "cpu_threads=null"],
         f"{jobs} jobs x {cores} threads": [*parallel, f"cpu_threads={cores}"],
     }
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from tiny_runs import CONFIG_DIR, run_tiny
 
@@ -33,7 +34,23 @@ def evaluated(tmp_path_factory):
     return runs
 
 
+def _trained_line(runs, unigram: float) -> None:
+    """Move the 'trained' line (unigram loss - 0.3) of every run: 4 steps cannot reach the real one."""
+    for config_path in runs.glob("*/config.yaml"):
+        config = yaml.safe_load(config_path.read_text())
+        config["runtime"]["unigram_val_loss"] = unigram
+        config_path.write_text(yaml.safe_dump(config))
+
+
+def test_runs_that_did_not_train_are_left_out_of_the_statements(evaluated, tmp_path):
+    _trained_line(evaluated, 6.0)  # 4 steps of a tiny model are far above 5.7
+    report = outliers.write_report([str(evaluated)], tmp_path).read_text()
+    assert "prmsnorm, rmsnorm did not train" in report and "Positive control" not in report
+    assert "Too few runs that trained (0)" in report
+
+
 def test_the_report_pairs_each_variants_cost_with_the_baselines_and_plots_it(evaluated, tmp_path):
+    _trained_line(evaluated, 99.0)
     path = outliers.write_report([str(evaluated)], tmp_path)
     data = json.loads((tmp_path / "outliers.json").read_text())
     assert set(data["variants"]) == {"rmsnorm", "prmsnorm"} and len(data["runs"]) == 4
