@@ -139,7 +139,7 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
     smallest, largest = rows[0]["non_embedding_params"], rows[-1]["non_embedding_params"]
     report = f"""# LR sensitivity against model size
 
-{len(results)} runs: {len(rows)} models ({", ".join(r["model"] for r in rows)}) x {len(variants)} variants
+{sum(r.variant in variants for r in results)} runs: {len(rows)} models ({", ".join(r["model"] for r in rows)}) x {len(variants)} variants
 ({", ".join(variants)}), each over the same learning-rate grid and seeds, metric `{metric}`.
 
 ![LR sensitivity against model size](lr_sensitivity_vs_size.png)
