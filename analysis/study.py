@@ -217,14 +217,15 @@ def plot_loss_vs_lr(results: list[Result], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key, label in ((axes[0], VAL_LOSS, "final validation loss (nats/token)"), (axes[1], VAL_BPB, "bpb")):
-        for variant in sorted({r.variant for r in results}):
+        for i, variant in enumerate(sorted({r.variant for r in results})):
             runs = [r for r in results if r.variant == variant]
             lrs = sorted({r.lr for r in runs})
+            style = {"color": plt.get_cmap("tab20")(i % 20), "linestyle": ("-", "--", ":")[i // 20 % 3]}
             means = []
             for lr in lrs:
                 values = [r.run.last(key) for r in runs if r.lr == lr and r.diverged_at is None]
                 means.append(statistics.fmean(values) if values and None not in values else float("nan"))
-            (line,) = ax.plot(lrs, means, marker="o", label=variant)
+            (line,) = ax.plot(lrs, means, marker="o", label=variant, **style)  # 20 colours before a style repeats
             if key == VAL_LOSS:
                 diverged = sorted({r.lr for r in runs if r.diverged_at is not None})
                 ax.scatter(diverged, [runs[0].initial_loss] * len(diverged), marker="x", s=80, color=line.get_color())
