@@ -52,6 +52,10 @@ def test_a_parallel_sweep_gives_each_job_its_share(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     command = [sys.executable, "train.py", "-m", "+experiment=stability", *overrides, "train.max_steps=2"]
     command += ["+study=rmsnorm,identity", "train.lr=1e-3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    command += [
+        "cpu_threads=null",
+        "data.heldout_windows=0",
+    ]  # the experiment pins one thread; a tiny corpus holds no held-out windows
     result = subprocess.run(
         [*command, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT, capture_output=True, text=True, env=env
     )
