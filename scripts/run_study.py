@@ -145,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sweep_dir = ROOT / cfg.hydra.sweep.dir if not Path(cfg.hydra.sweep.dir).is_absolute() else Path(cfg.hydra.sweep.dir)
     at_once = concurrent_jobs(OmegaConf.to_container(cfg.hydra.launcher), os.cpu_count() or 1)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "learning_rates": rates,
         "variants": variants,
@@ -153,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         "plan": dataclasses.asdict(plan),
         "claims": OmegaConf.to_container(cfg.claims, enum_to_str=True),
     }
-    (sweep_dir / PLAN_FILE).write_text(json.dumps(record, indent=1))
+    if not args.dry_run:  # a dry run writes nothing
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PLAN_FILE).write_text(json.dumps(record, indent=1))
     planned = planned_runs(plan, variants, rates) * len(models)
     failed_before: set[tuple] = set()
     while True:

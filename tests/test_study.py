@@ -81,7 +81,7 @@ def test_the_gpu_grid_is_the_same_study_on_a_larger_model_and_says_what_it_would
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr[-2000:]
-    assert "runs to train now" in dry.stdout
+    assert "runs to train now" in dry.stdout and not any(tmp_path.iterdir())  # a dry run writes nothing
     headline = ",".join(
         yaml.safe_load((ROOT / "configs/experiment/stability.yaml").read_text())["study_plan"]["headline"]
     )
