@@ -31,7 +31,7 @@ from pathlib import Path
 
 from analysis.keys import metric_key
 from analysis.plots import pyplot, save
-from analysis.runs import BASELINE, Run, RunsError, find_run_dirs, latest_eval, layer_values, load_run
+from analysis.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs
 from analysis.stats import bootstrap_ci, paired_p_value, rank_correlation
 from analysis.study import TRAINED_MARGIN, shared_switches, without_switches
 
@@ -73,16 +73,12 @@ def _last_eval(run: Run) -> dict | None:
 
 
 def load_points(inputs: list[str]) -> tuple[list[Point], list[str]]:
-    points, skipped = [], []
-    for path in find_run_dirs(inputs):
-        try:
-            run = load_run(path)
-        except RunsError as err:
-            skipped.append(str(err))
-            continue
+    runs, skipped = load_runs(inputs)
+    points = []
+    for run in runs:
         result = _last_eval(run)
         if result is None:
-            skipped.append(f"{path}: no quantized evaluation in eval.json; run {EVAL_COMMAND}")
+            skipped.append(f"{run.path}: no quantized evaluation in eval.json; run {EVAL_COMMAND}")
             continue
         layers = {
             name: layer_values(result, key)

@@ -113,6 +113,18 @@ def find_runs(inputs: list[str]) -> list[Run]:
     return [load_run(p) for p in find_run_dirs(inputs)]
 
 
+def load_runs(inputs: list[str]) -> tuple[list[Run], list[str]]:
+    """The runs at or under ``inputs`` that load, and a message for each that does not (a run
+    started but with nothing logged yet, a damaged metrics file)."""
+    runs, skipped = [], []
+    for path in find_run_dirs(inputs):
+        try:
+            runs.append(load_run(path))
+        except RunsError as err:
+            skipped.append(str(err))
+    return runs, skipped
+
+
 def find_run_dirs(inputs: list[str]) -> list[Path]:
     """Every run directory (one holding config.yaml) at or under the given paths and globs."""
     found: set[Path] = set()

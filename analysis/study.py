@@ -41,7 +41,7 @@ from pathlib import Path
 from analysis.claims import Claim, matches, verdict
 from analysis.keys import fields, metric_key
 from analysis.plots import pyplot, save
-from analysis.runs import BASELINE, Run, RunsError, check_comparable, find_run_dirs, layer_values, load_run
+from analysis.runs import BASELINE, Run, RunsError, check_comparable, layer_values, load_runs
 from analysis.stats import bootstrap_ci, paired_p_value
 from analysis.study_plan import best_rate
 from training.run_record import flatten
@@ -79,16 +79,12 @@ class Result:
 
 def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str]]:
     """The grid's runs, and messages naming the run folders that were skipped."""
-    results, skipped = [], []
-    for path in find_run_dirs(inputs):
-        try:
-            run = load_run(path)
-        except RunsError as err:
-            skipped.append(str(err))
-            continue
+    runs, skipped = load_runs(inputs)
+    results = []
+    for run in runs:
         cfg = run.config
         if run.unfinished:
-            skipped.append(f"{path}: {run.status()}; rerun the study to finish it")
+            skipped.append(f"{run.path}: {run.status()}; rerun the study to finish it")
             continue
         results.append(
             Result(run, cfg["variant"], float(cfg["train"]["lr"]), cfg["seed"], run.last(metric), run.diverged_at)

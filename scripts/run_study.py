@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -26,8 +25,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from analysis.runs import BASELINE, RunsError, find_run_dirs, load_run
-from analysis.study import PLAN_FILE, write_report
+from analysis.runs import BASELINE, RunsError, load_runs
+from analysis.study import PLAN_FILE, VAL_LOSS, Result, capped_loss, write_report
 from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs
 from analysis.study_size import write_size_report
 from training.config import register_configs
@@ -74,21 +73,15 @@ def finished_losses(sweep_dir: Path, labels: dict):
     losses: dict[str, dict] = defaultdict(dict)
     seconds = []
     try:
-        paths = find_run_dirs([str(sweep_dir)])
+        runs, _ = load_runs([str(sweep_dir)])  # a run that does not load yet trains again
     except RunsError:  # nothing trained yet
         return losses, seconds
-    for path in paths:
-        try:
-            run = load_run(path)
-        except RunsError:
-            continue  # started but nothing logged yet: it trains again
+    for run in runs:
         variant = labels.get((run.config["model"]["name"], run.config["variant"]))
         if variant is None or run.unfinished:
             continue
-        initial = math.log(run.config["runtime"]["vocab_size"])
-        final = run.last("val/loss")
-        loss = initial if run.diverged_at is not None or final is None else min(final, initial)
-        losses[variant][(float(run.config["train"]["lr"]), int(run.config["seed"]))] = loss
+        lr, seed = float(run.config["train"]["lr"]), int(run.config["seed"])
+        losses[variant][(lr, seed)] = capped_loss(Result(run, variant, lr, seed, run.last(VAL_LOSS), run.diverged_at))
         if (elapsed := run.last(PERF_ELAPSED)) is not None:
             seconds.append(elapsed)
     return losses, seconds

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model import ModelConfig, Transformer
+from model.attention import masked_scores
 from training.probes import feature_kurtosis, run_probes
 from training.probes.attention import attention_stats
 from training.probes.massive import massive_stats
@@ -30,8 +31,7 @@ def test_attention_stats_by_hand():
     # One head, head_dim 1, two positions: logits are q_i * k_j (scale 1/sqrt(1) = 1), causal.
     q = torch.tensor([2.0, 1.0]).view(1, 1, 2, 1)
     k = torch.tensor([1.0, 3.0]).view(1, 1, 2, 1)
-    mask = torch.tensor([[True, False], [True, True]])
-    stats = attention_stats(q, k, mask)
+    stats = attention_stats(masked_scores(q, k, 0))  # causal: [[True, False], [True, True]]
     assert stats["max_logit"] == pytest.approx(3.0)  # q_1 * k_1; the masked 2 * 3 = 6 does not count
     p = torch.softmax(torch.tensor([1.0, 3.0]), 0)
     second = -(p * p.log()).sum().item()

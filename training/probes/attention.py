@@ -9,20 +9,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.attention import ScoresTap, allowed_positions, attention_scores
-from model.loss import softcap
+from model.attention import ScoresTap, masked_scores
 from training.probes.base import Probe
 
 
 @torch.no_grad()
-def attention_stats(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, cap: float | None = None) -> dict:
-    """The largest pre-softmax logit (as the softmax receives it: after any soft-cap), per layer and
-    per query head, and the mean attention entropy (nats) over allowed positions.
-
-    q is (batch, heads, seq, head_dim), k (batch, kv_heads, keys, head_dim), mask (seq, keys)
-    True where attending is allowed.
+def attention_stats(logits: torch.Tensor) -> dict:
+    """The largest pre-softmax logit per layer and per query head, and the mean attention entropy
+    (nats) over allowed positions, from ``logits`` (batch, heads, queries, keys) as the softmax
+    receives them (``model.attention.masked_scores``: soft-capped, -inf where attending is not allowed).
     """
-    logits = softcap(attention_scores(q.float(), k.float()), cap).masked_fill(~mask, float("-inf"))
     p = logits.softmax(dim=-1)
     entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1)
     per_head = logits.amax(dim=(0, 2, 3)).tolist()
@@ -39,7 +35,7 @@ class AttentionLogits(Probe):
     def _measure(self, index: int):
         def measure(module: ScoresTap, args, output) -> None:
             q, k, start_pos = args
-            stats = attention_stats(q, k, allowed_positions(q.shape[2], start_pos, q.device), module.softcap)
+            stats = attention_stats(masked_scores(q.float(), k.float(), start_pos, module.softcap))
             self.values[f"attn/layers.{index}/max_logit"] = stats["max_logit"]
             self.values[f"attn/layers.{index}/entropy"] = stats["entropy"]
             for head, value in enumerate(stats["per_head"]):
