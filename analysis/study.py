@@ -483,7 +483,10 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
                 "seeds": len(best),
                 "measured_on": best_key,
             },
-            "lr_sensitivity": {"value": summary.sensitivity, "ci95": seed_interval(study, Study.lr_sensitivity, name)},
+            "lr_sensitivity": {
+                "value": summary.sensitivity,
+                "ci95": seed_interval(study, Study.lr_sensitivity, name),
+            },
             "trained": name not in study.untrained,
             "explanation": explanation(study, name),
         }
@@ -602,7 +605,8 @@ def against_baseline(study: Study, variant: str) -> dict:
     }
 
 
-def _interval(ci, spec: str = ".3f") -> str:
+def interval_text(ci, spec: str = ".3f") -> str:
+    """`` [low, high]`` of a 95% interval, or nothing when there is none (one seed)."""
     return f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else ""
 
 
@@ -644,7 +648,7 @@ def observations(study: Study) -> list[str]:
         evidence = f"paired p = {c['p']:.3g}" if c["p"] is not None else "one seed: no interval"
         diverged = ", ".join(f"{lr:g}" for lr in s.diverged) or "none"
         lines.append(
-            f"{s.variant}: held-out best loss {c['difference']:+.3f}{_interval(c['ci95'], '+.3f')} against {baseline} "
+            f"{s.variant}: held-out best loss {c['difference']:+.3f}{interval_text(c['ci95'], '+.3f')} against {baseline} "
             f"over {c['seeds']} paired seeds ({evidence}); diverged at lr {diverged}."
         )
     return lines
@@ -689,12 +693,12 @@ def write_report(
         v = variants_json[s.variant]
         best, sens = v["best_loss"], v["lr_sensitivity"]
         c = against_baseline(study, s.variant) if s.variant != baseline else None
-        delta = "–" if not c or c["difference"] is None else f"{c['difference']:+.3f}{_interval(c['ci95'], '+.3f')}"
+        delta = "–" if not c or c["difference"] is None else f"{c['difference']:+.3f}{interval_text(c['ci95'], '+.3f')}"
         rates = f"{s.rates[0]:g}–{s.rates[-1]:g}" + ("" if v["best_lr_inside"] else ", at an edge")
         cells = [f"{s.losses_by_lr[lr]:.3f}" if lr in s.losses_by_lr else "" for lr in lrs]
         table.append(
-            f"| {s.variant} | {s.best_lr:g} ({rates}) | {best['mean']:.3f}{_interval(best['ci95'])} ({best['seeds']}) | "
-            f"{delta} | {sens['value']:.3f}{_interval(sens['ci95'])} | {'yes' if v['trained'] else '**no**'} | "
+            f"| {s.variant} | {s.best_lr:g} ({rates}) | {best['mean']:.3f}{interval_text(best['ci95'])} ({best['seeds']}) | "
+            f"{delta} | {sens['value']:.3f}{interval_text(sens['ci95'])} | {'yes' if v['trained'] else '**no**'} | "
             f"{', '.join(f'{lr:g}' for lr in s.diverged) or '–'} | " + " | ".join(cells) + " |"
         )
     logit_note = (

@@ -23,6 +23,7 @@ from analysis.study import (
     claims_of,
     evaluate_claim,
     heldout_best_loss,
+    interval_text,
     load_results,
     planned_grid,
     seed_interval,
@@ -94,10 +95,6 @@ def plot_sensitivity_vs_size(rows: list[dict], path: Path) -> None:
     save(fig, path)
 
 
-def _interval(ci) -> str:
-    return f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-
-
 def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) -> Path:
     results, skipped = load_results(inputs, metric)
     if len(by_model(results)) < 2:
@@ -119,7 +116,7 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
             entry = row["variants"][v]
             sens = entry["lr_sensitivity"]
             cells += [
-                f"{sens['value']:.3f}{_interval(sens['ci95'])}",
+                f"{sens['value']:.3f}{interval_text(sens['ci95'])}",
                 f"{entry['best_lr']:g}, {entry['best_loss']:.3f}",
             ]
         table.append(
@@ -129,7 +126,7 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
         )
     claim_lines = [
         f"- {row['model']}: {c['claim']}: {c['arm']} − {c['against']} = "
-        + (f"{c['difference']:+.3f}{_interval(c.get('ci95'))}" if "difference" in c else "–")
+        + (f"{c['difference']:+.3f}{interval_text(c.get('ci95'))}" if "difference" in c else "–")
         + f" over {c.get('seeds', 0)} seeds: **{c['verdict']}**"
         + (f" ({c['why']})" if c.get("why") else "")
         for row in rows
