@@ -89,12 +89,16 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 else:
                     grad_weight += (grad.t() @ h).float()
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        ce, z = ce_sum / rows, z_loss * z_sum / rows
-        ctx.mark_non_differentiable(ce, z)
-        return ce + z, ce, z
+        parts = torch.stack((ce_sum, z_loss * z_sum)) / rows
+        # The parts travel as one (2,) tensor, never as scalars beside the objective: with z-loss
+        # off, torch.compile folds ``ce + 0`` into ``ce`` and would return one tensor as both the
+        # objective and a part, and marking the part non-differentiable then took the objective's
+        # gradient with it (issue 26).
+        ctx.mark_non_differentiable(parts)
+        return parts.sum(), parts
 
     @staticmethod
-    def backward(ctx, grad_objective, grad_ce, grad_z):
+    def backward(ctx, grad_objective, grad_parts):
         grad_hidden, grad_weight = ctx.saved_tensors
         return grad_hidden * grad_objective, grad_weight * grad_objective, None, None, None, None
 
@@ -113,7 +117,8 @@ def fused_linear_cross_entropy(
     """
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return LossTerms(*_FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk_rows, z_loss, softcap_value))
+        objective, parts = _FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk_rows, z_loss, softcap_value)
+        return LossTerms(objective, parts[0], parts[1])
     logits = softcap(F.linear(hidden, weight).float(), softcap_value)
     ce = F.cross_entropy(logits, targets)
     z = z_loss * torch.logsumexp(logits, dim=-1).square().mean()

@@ -28,13 +28,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def sweep(tmp_path_factory):
+def cache_dir(tmp_path_factory):
+    """One tokenizer and token cache for every test that trains (read-only once built)."""
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory, cache_dir):
     """Two norms x two seeds of tiny runs made by train.py, laid out like a multirun sweep (read-only)."""
     from tiny_runs import run_tiny
 
-    cache = str(tmp_path_factory.mktemp("cache"))
     root = tmp_path_factory.mktemp("sweep")
     for norm in ("rmsnorm", "layernorm"):
         for seed in (0, 1):
-            run_tiny(root / f"{norm}-s{seed}", cache, 4, f"norm={norm}", f"seed={seed}")
+            run_tiny(root / f"{norm}-s{seed}", cache_dir, 4, f"norm={norm}", f"seed={seed}")
     return root

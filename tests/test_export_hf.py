@@ -14,11 +14,6 @@ from training.checkpoint import load_checkpoint
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def _export(run_dir, out_dir):
     return subprocess.run(
         [sys.executable, "scripts/export_hf.py", str(run_dir), str(out_dir)],

@@ -16,11 +16,6 @@ from training.run_record import RunIdentityError
 STEPS = 60
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def _command(cache_dir, run_dir):
     # Larger batches than the other tiny runs so that a step takes long enough to be killed mid-run.
     overrides = tiny_overrides(

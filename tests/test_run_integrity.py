@@ -23,11 +23,6 @@ from training.run_lock import RunLock
 from training.run_record import RunIdentityError, overrides_tag
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def _fingerprint(run_dir):
     """Every file's hash, except what Hydra itself notes of each command (.hydra/ and the log)."""
     return {

@@ -11,11 +11,6 @@ from tiny_runs import ROOT, compose_config, read_metrics, tiny_overrides
 STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "study").glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 def _sweep(sweep_dir, cache_dir, *grid):
     """The study's command on a tiny model and a small grid (grid overrides replace the experiment's)."""
     overrides = [o for o in tiny_overrides(cache_dir, 3) if not o.startswith("train.max_steps")]

@@ -26,11 +26,6 @@ from training.run_record import overrides_tag
 from training.runtime import CPU_COMPILE_MIN_STEPS, should_compile
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
 @pytest.mark.parametrize("norm", NORM_NAMES)
 def test_smoke_run_logs_every_key_group(norm, tmp_path, cache_dir):
     run_tiny(tmp_path, cache_dir, 4, f"norm={norm}")

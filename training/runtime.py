@@ -49,9 +49,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# On CPU, torch.compile made training steps 5.6% faster (scripts/bench_train.py --compile: 12,263 vs
-# 11,612 tokens/s on the default model) after 15-40 s of compilation; it pays back after 2,000 to
-# 5,000 steps, so `train.compile: null` compiles CPU runs from this length on.
+# On CPU, torch.compile made training steps 7.0% faster (scripts/bench_train.py --compile: 11,197 vs
+# 10,467 tokens/s on the default model, Intel Xeon, 2 cores) after 15-40 s of compilation; it pays
+# back after 1,200 to 3,000 steps, so `train.compile: null` compiles CPU runs from this length on.
 CPU_COMPILE_MIN_STEPS = 5000
 
 
