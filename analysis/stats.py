@@ -1,35 +1,26 @@
-"""The statistics that claims rest on: Welch's and paired t-tests, bootstrap intervals.
+"""The statistics that claims rest on, all from ``scipy.stats``: t-tests, bootstrap intervals, Spearman's rho.
 
-Student's t distribution comes from mpmath's regularized incomplete beta (mpmath ships with
-torch's sympy); bootstrap resampling from numpy with a fixed seed, so a report is reproducible.
+Thin wrappers that fix what a report needs and scipy leaves open: too few values give None (no
+test, no interval) instead of NaN and a warning, constant differences give a definite p, and
+the bootstrap is seeded so a report regenerates with the same numbers.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Sequence
 
 import numpy as np
-
-
-def _t_two_sided(t: float, df: float) -> float:
-    """P(|T| > |t|) for Student's t with ``df`` degrees of freedom."""
-    import mpmath
-
-    return float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True))
+from scipy import stats
 
 
 def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
     """Two-sided p-value of Welch's t-test; None with fewer than two values on a side."""
     if len(a) < 2 or len(b) < 2:
         return None
-    var_a, var_b = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if var_a + var_b == 0:
+    if statistics.variance(a) + statistics.variance(b) == 0:  # scipy: NaN; no spread, so the means decide
         return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
-    t = (statistics.fmean(a) - statistics.fmean(b)) / math.sqrt(var_a + var_b)
-    df = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-    return _t_two_sided(t, df)
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
 def paired_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
@@ -40,10 +31,9 @@ def paired_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
     if len(a) < 2:
         return None
     diffs = [x - y for x, y in zip(a, b)]
-    sd = statistics.stdev(diffs)
-    if sd == 0:
-        return 1.0 if statistics.fmean(diffs) == 0 else 0.0
-    return _t_two_sided(statistics.fmean(diffs) / (sd / math.sqrt(len(diffs))), len(diffs) - 1)
+    if statistics.pstdev(diffs) == 0:  # scipy: NaN; every pair differs by the same amount
+        return 1.0 if diffs[0] == 0 else 0.0
+    return float(stats.ttest_rel(a, b).pvalue)
 
 
 def bootstrap_ci(
@@ -61,29 +51,23 @@ def bootstrap_ci(
     data = np.asarray(values, dtype=float)
     if data.size < 2:
         return None
-    rng = np.random.default_rng(seed)
-    samples = data[rng.integers(0, data.size, size=(resamples, data.size))]
-    estimates = np.apply_along_axis(statistic, 1, samples) if statistic is not np.mean else samples.mean(axis=1)
-    tail = (1 - level) / 2
-    low, high = np.quantile(estimates, [tail, 1 - tail])
-    return float(low), float(high)
+    if np.all(data == data[0]):  # every resample is the data itself
+        value = float(statistic(data))
+        return value, value
+    result = stats.bootstrap(
+        (data,),
+        statistic,
+        n_resamples=resamples,
+        confidence_level=level,
+        method="percentile",
+        vectorized=statistic is np.mean,
+        rng=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Spearman's rho: the Pearson correlation of the ranks (ties share their mean rank); None below three pairs."""
-    if len(a) < 3:
+    """Spearman's rho (ties share their mean rank); None below three pairs or where either side is constant."""
+    if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
         return None
-
-    def ranks(values: Sequence[float]) -> np.ndarray:
-        order = np.argsort(values, kind="stable")
-        r = np.empty(len(values))
-        r[order] = np.arange(len(values), dtype=float)
-        for value in set(values):  # ties: the mean of their ranks
-            tied = np.asarray(values) == value
-            r[tied] = r[tied].mean()
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return None
-    return float(np.corrcoef(ra, rb)[0, 1])
+    return float(stats.spearmanr(a, b).statistic)
