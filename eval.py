@@ -36,9 +36,9 @@ from training.config import DataConfig, register_configs
 from training.corpus import DataError
 from training.data import build_validation
 from training.evaluation import evaluate
+from training.loggers import WandbLogger
 from training.probes import run_probes
 from training.runtime import autocast_context, resolve_device, resolve_precision
-from training.sinks import WandbSink
 
 log = logging.getLogger("normlab.eval")
 register_configs()
@@ -164,7 +164,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
     _write_json(out_dir / "eval.json", results)
     _print_table(results)
     if cfg.logger.name == "wandb":
-        sink = WandbSink(
+        sink = WandbLogger(
             cfg.logger, out_dir, "eval", "eval", OmegaConf.to_container(cfg, enum_to_str=True), job_type="eval"
         )
         for result in results.values():

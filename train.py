@@ -6,7 +6,7 @@
 
 The story: config -> data -> model -> loop -> metrics and checkpoints. ``training.setup.build_run``
 turns the config into a run (data, model, optimizer, resumed from the newest checkpoint in
-runs/<run_name>, sinks); the loop below takes its steps and logs what the probes measure.
+runs/<run_name>, loggers); the loop below takes its steps and logs what the probes measure.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def build_and_train(cfg: DictConfig, run_dir: Path, device: torch.device, dist) 
     try:
         return train_loop(run)
     finally:
-        run.sinks.close()
+        run.loggers.close()
 
 
 def train_step(run: TrainingRun, step: int) -> tuple[float, float, float]:
@@ -153,7 +153,7 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
             run.optimizer.zero_grad(set_to_none=True)
             if action == "end":
                 metrics = run.nonfinite.divergence_row(done, loss, grad_norm)
-                run.sinks.log(metrics)
+                run.loggers.log(metrics)
                 break
             continue
         gradients = layer_grad_norms(run.model) if every(tcfg.stats_every, done, last) else {}
@@ -175,7 +175,7 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
                 "step %d/%d loss %.4f lr %.2e %s", done, tcfg.max_steps, loss, lr, f"{rate:.0f} tok/s" if rate else ""
             )
         if len(metrics) > 1:
-            run.sinks.log(metrics)
+            run.loggers.log(metrics)
         if every(tcfg.checkpoint_every, done, last):
             last_checkpoint = run.checkpoint(done)
     progress.close()

@@ -1,6 +1,6 @@
 """Claims declared as data, evaluated on a study's runs.
 
-An experiment config lists its claims (configs/experiment/stability.yaml); each names the
+A study's spec lists its claims (configs/study/stability.yaml); each names the
 paper's finding, two arms by config fields (never by parts of a label), a statistic and the
 direction the paper expects:
 
@@ -27,7 +27,7 @@ EXPECTATIONS = ("lower", "higher", "similar")
 
 @dataclass
 class Claim:
-    """One claim; also the schema of an entry of ``claims:`` in the training config."""
+    """One claim; also the schema of an entry of ``claims:`` in a study's spec."""
 
     claim: str  # the paper's finding, in words
     source: str  # where it comes from: authors, year, arXiv id

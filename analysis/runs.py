@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.metrics import MetricsFileError, diverged_step, read_metrics
+from training.metrics_file import MetricsFileError, diverged_step, read_metrics
 from training.run_record import flatten, is_free
 
 # The variant every comparison is made against unless told otherwise.

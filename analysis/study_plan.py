@@ -1,7 +1,7 @@
 """What a learning-rate study trains, stage by stage, decided from the runs it already has.
 
-A study's grid is its Hydra sweep (``+study`` variants x ``train.lr`` rates); ``study_plan:`` in
-the experiment config says what comes after it (configs/experiment/stability.yaml):
+A study's grid is its Hydra sweep (``+variant`` variants x ``train.lr`` rates); ``plan:`` in the
+study's spec says what comes after it (configs/study/stability.yaml):
 
 1. the grid: every variant at every rate with one seed, the headline variants with
    ``headline_seeds``;
@@ -26,9 +26,9 @@ from typing import List  # noqa: UP035  # OmegaConf reads these annotations (the
 
 @dataclass
 class StudyPlan:
-    """The schema of ``study_plan:`` in the training config."""
+    """The schema of ``plan:`` in a study's spec (analysis/study_spec.py)."""
 
-    headline: List[str] = field(default_factory=list)  # +study variants run with headline_seeds at every rate
+    headline: List[str] = field(default_factory=list)  # +variant variants run with headline_seeds at every rate
     headline_seeds: int = 3
     best_rate_seeds: int = 5
     extra_rates: int = 2  # half-decades past an edge of the grid, per variant and side, at most
@@ -37,7 +37,7 @@ class StudyPlan:
 
 @dataclass(frozen=True)
 class Job:
-    variant: str  # the +study option
+    variant: str  # the +variant option
     lr: float
     seed: int
 

@@ -1,7 +1,7 @@
 """How to run a sweep on a CPU: one job at a time, or several at once with a share of the cores each.
 
     python scripts/bench_parallel_sweep.py                       # 4 runs of the stability grid, 2 jobs
-    python scripts/bench_parallel_sweep.py --grid +study=rmsnorm train.lr=1e-2,3e-2,1e-1 --jobs 3
+    python scripts/bench_parallel_sweep.py --grid +variant=rmsnorm train.lr=1e-2,3e-2,1e-1 --jobs 3
 
 The same small grid of the stability study runs three ways, one after another in this process,
 each into a fresh sweep folder: sequentially (each run with every core), in parallel through
@@ -27,7 +27,7 @@ from compare_runs import find_run_dirs, load_run
 from training.cpu_threads import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_GRID = ["+study=rmsnorm,dyt", "train.lr=1e-2,3e-2"]
+DEFAULT_GRID = ["+variant=rmsnorm,dyt", "train.lr=1e-2,3e-2"]
 
 
 def launch_modes(jobs: int, cores: int) -> dict[str, list[str]]:
@@ -65,7 +65,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="normlab-parallel-"))
     try:
         # Tokenizer and token arrays are cached on the first run; time none of that.
-        run_sweep([*args.extra, "+study=rmsnorm", "train.max_steps=1", "train.eval_every=1"], work / "warm-up")
+        run_sweep([*args.extra, "+variant=rmsnorm", "train.max_steps=1", "train.eval_every=1"], work / "warm-up")
         rows = []
         for mode, overrides in launch_modes(args.jobs, cores).items():
             sweep_dir = work / f"mode{len(rows)}"

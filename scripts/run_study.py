@@ -2,9 +2,11 @@
 
     python scripts/run_study.py +experiment=stability --out docs/study
     python scripts/run_study.py +experiment=stability --dry-run       # what it would train, and how long
+    python scripts/run_study.py +experiment=stability plan.best_rate_seeds=3   # the spec's plan, changed
 
-The arguments other than --out and --dry-run are Hydra overrides, passed to every training
-command (hydra/launcher=submitit_slurm fans the runs out on a cluster). Stage by stage
+The study's spec is configs/study/<experiment>.yaml (analysis/study_spec.py); ``plan.<key>=<value>``
+arguments change its plan. The other arguments besides --out and --dry-run are Hydra overrides, passed
+to every training command (hydra/launcher=submitit_slurm fans the runs out on a cluster). Stage by stage
 (analysis/study_plan.py: the grid, the edges, the seeds at the best rates) it trains what is
 missing through ``python train.py -m``, so an interrupted study resumes where it stopped when the
 command is run again. The report (scripts/study_report.py) lands in --out.
@@ -29,6 +31,7 @@ from analysis.runs import BASELINE, RunsError, load_runs
 from analysis.study import PLAN_FILE, VAL_LOSS, Result, capped_loss, write_report
 from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs
 from analysis.study_size import write_size_report
+from analysis.study_spec import StudySpecError, load_study_spec
 from training.config import register_configs
 from training.cpu_threads import concurrent_jobs
 
@@ -37,11 +40,11 @@ PERF_ELAPSED = "perf/elapsed_s"
 
 
 # The sweep axes the study plans over; the same keys on the command line replace the experiment's.
-AXES = ("+study", "train.lr", "model")
+AXES = ("+variant", "train.lr", "model")
 
 
 def split_axes(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
-    """The command line's sweep axes (``+study=a,b``), and the overrides every run shares."""
+    """The command line's sweep axes (``+variant=a,b``), and the overrides every run shares."""
     axes = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] in AXES}
     return axes, [o for o in overrides if o.split("=", 1)[0] not in AXES]
 
@@ -54,14 +57,14 @@ def compose_study(overrides: list[str]):
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
         axes = {**{k: str(v) for k, v in (cfg.hydra.sweeper.params or {}).items()}, **given}
-        if "+study" not in axes or "train.lr" not in axes:
-            raise SystemExit("run_study: the experiment must sweep +study and train.lr (hydra.sweeper.params)")
-        variants = axes["+study"].split(",")
+        if "+variant" not in axes or "train.lr" not in axes:
+            raise SystemExit("run_study: the experiment must sweep +variant and train.lr (hydra.sweeper.params)")
+        variants = axes["+variant"].split(",")
         models = axes["model"].split(",") if "model" in axes else [None]
         labels = {}
         for model in models:
             for variant in variants:
-                chosen = [f"+study={variant}"] + ([f"model={model}"] if model else [])
+                chosen = [f"+variant={variant}"] + ([f"model={model}"] if model else [])
                 v = compose("config", overrides=[*overrides, *chosen])
                 labels[(v.model.name, v.variant)] = (model, variant)
     rates = sorted(float(lr) for lr in axes["train.lr"].split(","))
@@ -105,7 +108,7 @@ def commands(jobs: dict[str | None, list[Job]]) -> list[list[str]]:
         out += [
             ([f"model={model}"] if model else [])
             + [
-                f"+study={','.join(variants)}",
+                f"+variant={','.join(variants)}",
                 f"train.lr={','.join(f'{lr:g}' for lr in rates)}",
                 f"seed={','.join(map(str, seeds))}",
             ]
@@ -116,7 +119,7 @@ def commands(jobs: dict[str | None, list[Job]]) -> list[list[str]]:
 
 def describe(todo: int, done: int, planned: int, seconds: list[float], plan: StudyPlan, at_once: int) -> str:
     per_run = statistics.fmean(seconds) if seconds else plan.seconds_per_run
-    source = f"{len(seconds)} finished runs" if seconds else "study_plan.seconds_per_run"
+    source = f"{len(seconds)} finished runs" if seconds else "the plan's seconds_per_run"
     left = max(todo, planned - done)
     return (
         f"{todo} runs to train now; {done} finished, about {planned} in the whole study "
@@ -130,11 +133,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="the report's folder (default: <sweep dir>/report)")
     parser.add_argument("--dry-run", action="store_true", help="say what the next stage trains, and stop")
     args, overrides = parser.parse_known_args(argv)
+    experiment = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")), None)
+    if experiment is None:
+        print("run_study: name the study: +experiment=<name> (its sweep), with its spec in configs/study/<name>.yaml")
+        return 2
+    plan_overrides = [o for o in overrides if o.startswith("plan.")]
+    overrides = [o for o in overrides if not o.startswith("plan.")]
+    try:
+        spec = load_study_spec(experiment, plan_overrides)
+    except StudySpecError as err:
+        print(f"run_study: {err}")
+        return 2
     cfg, overrides, variants, rates, models, labels = compose_study(overrides)
-    plan = StudyPlan(**OmegaConf.to_container(cfg.study_plan))
+    plan = spec.plan
     unknown = sorted(set(plan.headline) - set(variants))
     if unknown:
-        print(f"run_study: study_plan.headline names {', '.join(unknown)}, not among +study: {', '.join(variants)}")
+        print(
+            f"run_study: configs/study/{experiment}.yaml's plan.headline names {', '.join(unknown)}, "
+            f"not among +variant: {', '.join(variants)}"
+        )
         return 2
     sweep_dir = ROOT / cfg.hydra.sweep.dir if not Path(cfg.hydra.sweep.dir).is_absolute() else Path(cfg.hydra.sweep.dir)
     at_once = concurrent_jobs(OmegaConf.to_container(cfg.hydra.launcher), os.cpu_count() or 1)
@@ -143,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "variants": variants,
         "models": models,
         "plan": dataclasses.asdict(plan),
-        "claims": OmegaConf.to_container(cfg.claims, enum_to_str=True),
+        "claims": [dataclasses.asdict(claim) for claim in spec.claims],
     }
     if not args.dry_run:  # a dry run writes nothing
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,7 @@ def test_compiled_training_matches_eager_at_every_step(controls, tmp_path, cache
 
 @pytest.mark.parametrize(
     "overrides",
-    [("train=gpu", "model=gpu_125m", "data.vocab_size=32768"), ("+experiment=stability_gpu", "+study=rmsnorm_qk")],
+    [("train=gpu", "model=gpu_125m", "data.vocab_size=32768"), ("+experiment=stability_gpu", "+variant=rmsnorm_qk")],
     ids=["gpu_125m", "stability_gpu"],
 )
 def test_the_gpu_recipes_compose_and_build(overrides):

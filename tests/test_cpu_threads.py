@@ -51,7 +51,7 @@ def test_a_parallel_sweep_gives_each_job_its_share(tmp_path):
     overrides = [o for o in tiny_overrides(cache, 2) if not o.startswith("train.max_steps")]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     command = [sys.executable, "train.py", "-m", "+experiment=stability", *overrides, "train.max_steps=2"]
-    command += ["+study=rmsnorm,identity", "train.lr=1e-3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    command += ["+variant=rmsnorm,identity", "train.lr=1e-3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     command += [
         "cpu_threads=null",
         "data.heldout_windows=0",

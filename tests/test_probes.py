@@ -10,8 +10,8 @@ from model import ModelConfig, Transformer
 from model.attention import masked_scores
 from training.probes import feature_kurtosis, run_probes
 from training.probes.attention import attention_stats
+from training.probes.attention_sinks import sink_stats
 from training.probes.massive import massive_stats
-from training.probes.sinks import sink_stats
 
 
 def tiny(**overrides) -> ModelConfig:

@@ -126,7 +126,7 @@ def test_unreadable_checkpoint_names_the_file(tmp_path):
 
 
 def test_resume_drops_metrics_after_the_checkpoint_and_a_torn_last_line(tmp_path):
-    from training.sinks import MetricsFile
+    from training.metrics_file import MetricsFile
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n{"step": 3, "train/lo')

@@ -12,9 +12,9 @@ from tiny_runs import ROOT
 from analysis import compare as compare_runs
 from analysis import norm_properties
 from analysis.kernel_bench import bytes_moved
-from analysis.metrics import Metrics, MetricsFileError, read_metrics
 from analysis.stats import welch_p_value
 from norms import NORM_NAMES
+from training.metrics_file import Metrics, MetricsFileError, read_metrics
 
 PLOTS = ("loss.png", "throughput.png", "activations.png", "gains.png")
 

@@ -8,7 +8,9 @@ import pytest
 import yaml
 from tiny_runs import ROOT, compose_config, read_metrics, tiny_overrides
 
-STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "study").glob("*.yaml"))
+from analysis.study_spec import load_study_spec
+
+STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "variant").glob("*.yaml"))
 
 
 def _sweep(sweep_dir, cache_dir, *grid):
@@ -37,9 +39,9 @@ def _contents(sweep_dir):
 def test_the_default_grid_is_a_common_grid_of_half_decades_over_wortsmans_range():
     experiment = yaml.safe_load((ROOT / "configs" / "experiment" / "stability.yaml").read_text())
     params = experiment["hydra"]["sweeper"]["params"]
-    variants = params["+study"].split(",")
+    variants = params["+variant"].split(",")
     assert set(variants) <= set(STUDY_VARIANTS) and len(variants) >= 6
-    assert {"rmsnorm", "rmsnorm_qk"} <= set(experiment["study_plan"]["headline"]) <= set(variants)
+    assert {"rmsnorm", "rmsnorm_qk"} <= set(load_study_spec("stability").plan.headline) <= set(variants)
     rates = [float(lr) for lr in params["train.lr"].split(",")]
     assert len(rates) >= 7 and rates[0] <= 3e-4 and rates[-1] >= 1e-1
     assert all(2.9 < b / a < 3.4 for a, b in zip(rates, rates[1:]))  # half-decades: 1, 3, 10, ...
@@ -48,7 +50,7 @@ def test_the_default_grid_is_a_common_grid_of_half_decades_over_wortsmans_range(
 
 
 def test_sweep_runs_records_divergence_and_a_rerun_trains_nothing(tmp_path, cache_dir):
-    _sweep(tmp_path, cache_dir, "+study=rmsnorm,identity", "train.lr=0.001,10000.0")
+    _sweep(tmp_path, cache_dir, "+variant=rmsnorm,identity", "train.lr=0.001,10000.0")
     runs = sorted(p.name for p in tmp_path.iterdir() if (p / "config.yaml").exists())
     assert runs == [
         f"tiny-{v}-wd_independent-lr{lr}-s0" for v in ("identity", "rmsnorm") for lr in ("0.001", "10000.0")
@@ -61,13 +63,13 @@ def test_sweep_runs_records_divergence_and_a_rerun_trains_nothing(tmp_path, cach
         assert last["diverged"] is True and isinstance(last["step"], int)
 
     before = _contents(tmp_path)
-    rerun = _sweep(tmp_path, cache_dir, "+study=rmsnorm,identity", "train.lr=0.001,10000.0")
+    rerun = _sweep(tmp_path, cache_dir, "+variant=rmsnorm,identity", "train.lr=0.001,10000.0")
     assert _contents(tmp_path) == before  # finished and diverged runs are skipped, nothing rewritten
     assert "nothing to train" in rerun.stderr + rerun.stdout
 
 
 def test_the_gpu_grid_is_the_same_study_on_a_larger_model_and_says_what_it_would_run(tmp_path):
-    cfg = compose_config("+experiment=stability_gpu", "+study=rmsnorm_qk", "train.lr=0.01", "seed=2")
+    cfg = compose_config("+experiment=stability_gpu", "+variant=rmsnorm_qk", "train.lr=0.01", "seed=2")
     assert cfg.model.name == "gpu_25m" and cfg.norm.qk == "rmsnorm" and cfg.train.nan_policy == "record"
     assert cfg.run_name == "gpu_25m-rmsnorm-qk-wd_independent-lr0.01-s2"
     assert cfg.train.weight_decay_mode == "independent" and cfg.cpu_threads is None
@@ -77,10 +79,10 @@ def test_the_gpu_grid_is_the_same_study_on_a_larger_model_and_says_what_it_would
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "runs to train now" in dry.stdout and not any(tmp_path.iterdir())  # a dry run writes nothing
-    headline = ",".join(
-        yaml.safe_load((ROOT / "configs/experiment/stability.yaml").read_text())["study_plan"]["headline"]
-    )
-    assert f"+study={headline} train.lr=0.0003,0.001,0.003,0.01,0.03,0.1,0.3 seed=0,1,2" in dry.stdout
+    spec = load_study_spec("stability_gpu")
+    assert spec.plan.seconds_per_run == 600 and spec.claims == load_study_spec("stability").claims
+    headline = ",".join(spec.plan.headline)
+    assert f"+variant={headline} train.lr=0.0003,0.001,0.003,0.01,0.03,0.1,0.3 seed=0,1,2" in dry.stdout
 
 
 def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir):
@@ -88,7 +90,7 @@ def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir)
     process of its own that submitit starts, and the runs land in the sweep folder as with the default."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     grid = (
-        "+study=rmsnorm,layernorm",
+        "+variant=rmsnorm,layernorm",
         "train.lr=0.001",
         "hydra/launcher=submitit_local",
         "hydra.launcher.timeout_min=5",

@@ -62,24 +62,26 @@ def test_commands_train_exactly_the_jobs():
     swept = set()
     for command in commands(jobs):
         axes = dict(part.split("=", 1) for part in command)
-        for variant, lr, seed in product(*(axes[k].split(",") for k in ("+study", "train.lr", "seed"))):
+        for variant, lr, seed in product(*(axes[k].split(",") for k in ("+variant", "train.lr", "seed"))):
             swept.add(Job(variant, float(lr), int(seed)))
     assert swept == set(jobs[None])
-    assert commands({"study_d32": [Job("a", 1e-3, 0)]}) == [["model=study_d32", "+study=a", "train.lr=0.001", "seed=0"]]
+    assert commands({"study_d32": [Job("a", 1e-3, 0)]}) == [
+        ["model=study_d32", "+variant=a", "train.lr=0.001", "seed=0"]
+    ]
 
 
 def test_the_command_lines_sweep_axes_replace_the_experiments():
-    axes, rest = split_axes(["+experiment=stability", "+study=a,b", "train.lr=1e-3", "train.max_steps=3"])
-    assert axes == {"+study": "a,b", "train.lr": "1e-3"} and rest == ["+experiment=stability", "train.max_steps=3"]
+    axes, rest = split_axes(["+experiment=stability", "+variant=a,b", "train.lr=1e-3", "train.max_steps=3"])
+    assert axes == {"+variant": "a,b", "train.lr": "1e-3"} and rest == ["+experiment=stability", "train.max_steps=3"]
 
 
 def _run_study(tmp_path, cache_dir, *extra):
     overrides = [o for o in tiny_overrides(cache_dir, 3) if not o.startswith("train.max_steps")]
     command = [
         sys.executable, "scripts/run_study.py", "+experiment=stability", "hydra/launcher=basic", *overrides,
-        "train.max_steps=3", "data.heldout_windows=2", "+study=rmsnorm,identity", "train.lr=0.001,0.01",
-        "study_plan.headline=[]", "study_plan.best_rate_seeds=3",
-        "study_plan.extra_rates=1", f"hydra.sweep.dir={tmp_path / 'runs'}", "--out", str(tmp_path / "report"), *extra,
+        "train.max_steps=3", "data.heldout_windows=2", "+variant=rmsnorm,identity", "train.lr=0.001,0.01",
+        "plan.headline=[]", "plan.best_rate_seeds=3",
+        "plan.extra_rates=1", f"hydra.sweep.dir={tmp_path / 'runs'}", "--out", str(tmp_path / "report"), *extra,
     ]  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)

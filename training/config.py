@@ -16,17 +16,15 @@ from typing import Any, Dict, List, Optional  # noqa: UP035
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from analysis.claims import Claim
-from analysis.study_plan import StudyPlan
 from model.blocks import PLACEMENTS
 from model.config import DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
 from model.norm_roles import QK_AXES, ROLES
 from norms import GAINS, NORM_NAMES, norm_class, norm_options
+from training.loggers import WANDB_MODES
 from training.nonfinite import NAN_POLICIES
 from training.optim import WEIGHT_DECAY_MODES
 from training.run_record import register_run_name_resolvers
 from training.runtime import PRECISIONS
-from training.sinks import WANDB_MODES
 
 # ruff: noqa: UP006, UP045
 
@@ -241,10 +239,6 @@ class Config:
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
-    # A study's claims (configs/experiment/): recorded with each run, read by scripts/study_report.py.
-    claims: List[Claim] = field(default_factory=list)
-    # What scripts/run_study.py trains after a study's grid (analysis/study_plan.py).
-    study_plan: StudyPlan = field(default_factory=StudyPlan)
 
 
 @dataclass

@@ -31,8 +31,6 @@ FREE_KEYS = (
     "run_name",
     "variant",  # a label derived from the norm keys
     "resume_with_changes",
-    "claims",  # what a study's report says about its runs, not what a run computes
-    "study_plan",  # which runs a study trains, not what one of them computes
     "device",
     "cpu_threads",
     "logger",
@@ -53,6 +51,9 @@ FREE_KEYS = (
     "train.precision",  # compared resolved, as runtime.precision
 )
 RESOLVED_RUNTIME_KEYS = ("precision", "global_batch_tokens")
+# Keys that records written by older code carry and the schema no longer has: a study's claims and
+# plan (now its spec, configs/study/). They never described what a run computes, so they are ignored.
+RETIRED_KEYS = ("claims", "study_plan")
 
 # Why a changed key matters, where it is not obvious.
 _WHY = {
@@ -82,7 +83,7 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 def identity(run_config: dict) -> dict[str, Any]:
     """The keys and values that define a run, from a config dict with its ``runtime`` section."""
-    body = {k: v for k, v in run_config.items() if k not in ("runtime", "resumes")}
+    body = {k: v for k, v in run_config.items() if k not in ("runtime", "resumes", *RETIRED_KEYS)}
     keys = {k: v for k, v in flatten(body).items() if not is_free(k)}
     runtime = run_config.get("runtime") or {}
     keys.update({f"runtime.{k}": runtime.get(k) for k in RESOLVED_RUNTIME_KEYS})
@@ -162,7 +163,7 @@ def check_resume(run_dir: Path, run_config: dict, schema_defaults: dict, allowed
 
 def _recorded_keys(config: dict) -> dict[str, Any]:
     """Every config key worth noting in a resume entry (not runtime, not the permission itself)."""
-    body = {k: v for k, v in config.items() if k not in ("runtime", "resumes", "resume_with_changes")}
+    body = {k: v for k, v in config.items() if k not in ("runtime", "resumes", "resume_with_changes", *RETIRED_KEYS)}
     return flatten(body)
 
 

@@ -2,7 +2,7 @@
 
 The order is the order in which things can fail: the config's choices first (no data loaded,
 nothing written), then the run's identity against its directory, the data, the model and its
-optimizer (restored from the newest checkpoint), and last the record and the sinks, on rank 0.
+optimizer (restored from the newest checkpoint), and last the record and the loggers, on rank 0.
 A run with nothing left to do (finished, or diverged: its result) gives ``None``.
 """
 
@@ -17,7 +17,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from analysis.metrics import diverged_step, read_metrics
 from model import ModelConfig, Transformer
 from norms.cpu import flush_denormals
 from training.batches import plan_batches
@@ -34,12 +33,13 @@ from training.config import Config, ConfigError, build_model_config
 from training.cpu_threads import use_thread_share
 from training.data import Data, build_data
 from training.distributed import Distributed
+from training.loggers import Loggers, open_loggers
+from training.metrics_file import diverged_step, read_metrics
 from training.nonfinite import NonFinitePolicy
 from training.optim import build_optimizer
 from training.qk_clip import track_max_logits
 from training.run_record import check_resume
 from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
-from training.sinks import Sinks, open_sinks
 from training.throughput import ThroughputMeter, peak_flops
 
 log = logging.getLogger("normlab.train")
@@ -78,7 +78,7 @@ class TrainingRun:
     resumed_from: Path | None
     elapsed_before: float
     run_config: dict
-    sinks: Sinks
+    loggers: Loggers
     meter: ThroughputMeter
     nonfinite: NonFinitePolicy
     started: float = field(default_factory=time.perf_counter)
@@ -257,17 +257,17 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     peak = peak_flops(device, plan.precision, cfg.train.peak_flops)
     runtime = runtime_record(model, model_cfg, plan, device, dist, use_compile, peak, data.unigram_loss)
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
-    sinks = Sinks([])
+    loggers = Loggers([])
     if dist.is_main:
         if resume_entry is not None:
             resume_entry.update(step=start_step, checkpoint=str(resumed_from) if resumed_from else None)
-        sinks = open_sinks(cfg, run_dir, run_config, data, resume_entry)
+        loggers = open_loggers(cfg, run_dir, run_config, data, resume_entry)
         log_start(cfg, runtime, plan, device, dist, start_step if resumed_from else None)
     meter = ThroughputMeter(runtime["flops_per_token"], peak[0] * dist.world_size, cfg.train.perf_warmup_steps)
     nonfinite = NonFinitePolicy(cfg.train.nan_policy, cfg.train.max_skipped_steps)
     return TrainingRun(
         cfg, run_dir, device, dist, plan, data, model, compiled, train_model, model_cfg, optimizer,
-        start_step, resumed_from, elapsed_before, run_config, sinks, meter, nonfinite,
+        start_step, resumed_from, elapsed_before, run_config, loggers, meter, nonfinite,
     )  # fmt: skip
 
 

@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from training.probes.attention import AttentionLogits
+from training.probes.attention_sinks import AttentionSinks
 from training.probes.base import Probe, feature_kurtosis, sync
 from training.probes.gradients import GRADIENT_KEYS, layer_grad_norms
 from training.probes.logits import OutputLogits
 from training.probes.massive import MassiveActivations
 from training.probes.norm_io import NormInputOutput
-from training.probes.sinks import AttentionSinks
 from training.probes.stream import ResidualStream
 from training.probes.timing import NormTime
 

@@ -1,4 +1,4 @@
-"""Where metrics go: metrics.jsonl always, and wandb when it is configured.
+"""Where a run's metrics rows go: metrics.jsonl always (training/metrics_file.py), and wandb when configured.
 
 wandb must never hang a run: with mode ``auto`` it goes online only when the user is logged
 in, waits at most ``logger.init_timeout`` seconds for the server, and otherwise runs offline
@@ -7,48 +7,18 @@ inside the run directory and says how to upload it later.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import uuid
 from pathlib import Path
 from typing import Any
 
-from analysis.metrics import read_metrics
-from training.atomic import atomic_write_text
+from training.metrics_file import MetricsFile
 from training.run_record import append_resume, write_new_record
 
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-
-
-class MetricsFile:
-    """One JSON object per logged step, appended and flushed as it goes."""
-
-    def __init__(self, path: Path, resume_step: int | None) -> None:
-        self.path = Path(path)
-        if resume_step is not None and self.path.exists():
-            self._drop_rows_after(resume_step)
-        self.file = open(self.path, "a", encoding="utf-8")  # closed in close()
-
-    def _drop_rows_after(self, step: int) -> None:
-        """Rows logged after the checkpoint being resumed are superseded by the resumed run.
-
-        A half-written last line (the process was killed mid-write) is dropped too. The file
-        is replaced atomically, so a kill now loses nothing.
-        """
-        kept = [row for row in read_metrics(self.path, damaged="skip").rows if row["step"] <= step]
-        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
-
-    def log(self, metrics: dict[str, Any]) -> None:
-        row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def _logged_in() -> bool:
@@ -58,7 +28,7 @@ def _logged_in() -> bool:
     return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
-class WandbSink:
+class WandbLogger:
     def __init__(
         self, logger_cfg, run_dir: Path, run_name: str, group: str, config: dict, job_type: str = "train"
     ) -> None:
@@ -113,22 +83,22 @@ class WandbSink:
         self.run.finish()
 
 
-class Sinks:
-    """Fans each metrics row out to every sink."""
+class Loggers:
+    """Fans each metrics row out to every logger."""
 
-    def __init__(self, sinks: list) -> None:
-        self.sinks = sinks
+    def __init__(self, loggers: list) -> None:
+        self.loggers = loggers
 
     def log(self, metrics: dict[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.log(metrics)
+        for logger in self.loggers:
+            logger.log(metrics)
 
     def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+        for logger in self.loggers:
+            logger.close()
 
 
-def open_sinks(cfg, run_dir: Path, run_config: dict, data, resume: dict | None) -> Sinks:
+def open_loggers(cfg, run_dir: Path, run_config: dict, data, resume: dict | None) -> Loggers:
     """Record the run (or append this resume to its record), and open metrics.jsonl (and wandb when configured)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
@@ -136,8 +106,8 @@ def open_sinks(cfg, run_dir: Path, run_config: dict, data, resume: dict | None) 
         (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
     else:
         append_resume(run_dir, resume, run_config["runtime"])
-    sinks = [MetricsFile(run_dir / "metrics.jsonl", resume_step=None if resume is None else resume["step"])]
+    loggers = [MetricsFile(run_dir / "metrics.jsonl", resume_step=None if resume is None else resume["step"])]
     if cfg.logger.name == "wandb":
         group = cfg.logger.group or f"{cfg.model.name}-{cfg.variant}"
-        sinks.append(WandbSink(cfg.logger, run_dir, cfg.run_name, group, run_config))
-    return Sinks(sinks)
+        loggers.append(WandbLogger(cfg.logger, run_dir, cfg.run_name, group, run_config))
+    return Loggers(loggers)

@@ -1,4 +1,4 @@
-"""The one reader of ``metrics.jsonl``: a run's logged rows, one JSON object per line.
+"""``metrics.jsonl``, written and read here: one JSON object per logged step.
 
 Training appends a row per logged step and flushes it, so a reader can meet a last line that is
 still being written (or was cut off by a kill). Analyses refuse any other unreadable line
@@ -9,9 +9,12 @@ since they must work on whatever a killed run left.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from training.atomic import atomic_write_text
 
 
 class MetricsFileError(ValueError):
@@ -53,3 +56,30 @@ def read_metrics(path: Path, damaged: Literal["raise", "skip"] = "raise") -> Met
 def diverged_step(rows: list[dict]) -> int | None:
     """The step at which the rows record a divergence (``train.nan_policy=record``), if any."""
     return next((row["step"] for row in rows if row.get("diverged")), None)
+
+
+class MetricsFile:
+    """One JSON object per logged step, appended and flushed as it goes."""
+
+    def __init__(self, path: Path, resume_step: int | None) -> None:
+        self.path = Path(path)
+        if resume_step is not None and self.path.exists():
+            self._drop_rows_after(resume_step)
+        self.file = open(self.path, "a", encoding="utf-8")  # closed in close()
+
+    def _drop_rows_after(self, step: int) -> None:
+        """Rows logged after the checkpoint being resumed are superseded by the resumed run.
+
+        A half-written last line (the process was killed mid-write) is dropped too. The file
+        is replaced atomically, so a kill now loses nothing.
+        """
+        kept = [row for row in read_metrics(self.path, damaged="skip").rows if row["step"] <= step]
+        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,101 @@
+"""The layers import one way (norms -> model -> training -> analysis -> scripts, notebooks, entry points),
+and no module imports itself back through others. Read from the source, lazy imports included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("norms", "model", "training", "analysis")  # each may import only itself and those before it
+TOP = ("train", "eval", "scripts", "notebooks")  # the readers' side: nothing of ours imports these
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def our_modules() -> dict[str, Path]:
+    files = [p for layer in (*LAYERS, "scripts", "notebooks") for p in (ROOT / layer).rglob("*.py")]
+    files += [ROOT / "train.py", ROOT / "eval.py"]
+    return {module_name(p): p for p in files}
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """Our modules that ``path`` imports anywhere in it (``from analysis import study`` names analysis.study)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def rank(module: str) -> int:
+    top = module.split(".")[0]
+    return LAYERS.index(top) if top in LAYERS else len(LAYERS)
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = our_modules()
+    known = set(modules)
+    graph = {name: imports_of(path, known) - {name} for name, path in modules.items()}
+    # A package's __init__ is imported by every module inside it: that edge is no cycle of ours.
+    return {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in graph.items()}
+
+
+def test_every_import_goes_down_the_layers(graph):
+    upward = sorted(
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if rank(target) > rank(source) or (rank(target) == len(LAYERS) and rank(source) < len(LAYERS))
+    )
+    assert not upward, "imports against norms -> model -> training -> analysis -> scripts:\n" + "\n".join(upward)
+
+
+def test_norms_import_nothing_else_of_ours(graph):
+    assert not {
+        t for s, targets in graph.items() if s.startswith("norms") for t in targets if not t.startswith("norms")
+    }
+
+
+def test_no_module_imports_itself_through_others(graph):
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_checker_sees_a_lazy_import_and_a_from_import(tmp_path):
+    """The graph is only as good as its parser: a function-level import and ``from pkg import mod`` count."""
+    source = tmp_path / "probe.py"
+    source.write_text("def f():\n    from analysis import study\n    import training.config\n")
+    assert imports_of(source, {"analysis", "analysis.study", "training", "training.config"}) == {
+        "analysis",
+        "analysis.study",
+        "training.config",
+    }
