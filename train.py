@@ -87,19 +87,19 @@ def train_step(run: TrainingRun, step: int) -> tuple[float, float, float]:
     tcfg, dist = run.cfg.train, run.dist
     loss_sum = torch.zeros((), device=run.device)
     z_sum = torch.zeros((), device=run.device)
-    for micro in range(run.plan.accum):
-        first = (dist.rank * run.plan.accum + micro) * tcfg.batch_size
+    for micro in range(run.settings.accum):
+        first = (dist.rank * run.settings.accum + micro) * tcfg.batch_size
         inputs, targets = (
             t.to(run.device, non_blocking=True) for t in run.data.train.get(step, first, tcfg.batch_size)
         )
         # DDP averages gradients only on the last micro-step of an accumulation.
-        no_sync = run.train_model.no_sync() if dist.enabled and micro < run.plan.accum - 1 else nullcontext()
+        no_sync = run.train_model.no_sync() if dist.enabled and micro < run.settings.accum - 1 else nullcontext()
         with no_sync:
             with run.autocast:
                 terms = run.train_model(inputs, targets, z_loss=tcfg.z_loss)
-            (terms.objective / run.plan.accum).backward()
-        loss_sum += terms.cross_entropy / run.plan.accum
-        z_sum += terms.z_loss / run.plan.accum
+            (terms.objective / run.settings.accum).backward()
+        loss_sum += terms.cross_entropy / run.settings.accum
+        z_sum += terms.z_loss / run.settings.accum
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), tcfg.grad_clip).item()
     return dist.mean(loss_sum.item(), run.device), dist.mean(z_sum.item(), run.device), grad_norm
 
@@ -113,7 +113,7 @@ def measure(run: TrainingRun, step: int, done: int, last: bool, step_metrics: di
         metrics.update(
             {
                 **step_metrics,
-                "train/tokens": done * run.plan.tokens_per_step,
+                "train/tokens": done * run.settings.tokens_per_step,
                 "perf/peak_mem_gb": peak_memory_gb(run.device),
                 "perf/elapsed_s": run.elapsed(),
                 **run.meter.report(),
@@ -129,7 +129,7 @@ def measure(run: TrainingRun, step: int, done: int, last: bool, step_metrics: di
             metrics.update(heldout)
         log.info("step %d: val loss %.4f, bpb %.4f", done, metrics["val/loss"], metrics["val/bpb"])
     if every(tcfg.stats_every, done, last):
-        probe_batch, _ = run.data.train.get(step, run.dist.rank * run.plan.accum * tcfg.batch_size, tcfg.batch_size)
+        probe_batch, _ = run.data.train.get(step, run.dist.rank * run.settings.accum * tcfg.batch_size, tcfg.batch_size)
         metrics.update(run_probes(run.model, probe_batch.to(run.device), run.autocast))
     return metrics
 
@@ -164,7 +164,7 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
             step_metrics["train/z_loss"] = z_loss
         if tcfg.qk_clip is not None:
             step_metrics["train/qk_clipped_heads"] = qk_clip(run.model, tcfg.qk_clip, dist)
-        run.meter.add(run.plan.tokens_per_step, time.perf_counter() - started)
+        run.meter.add(run.settings.tokens_per_step, time.perf_counter() - started)
         if not dist.is_main:
             continue
         metrics = {"step": done, **gradients, **measure(run, step, done, last, step_metrics)}

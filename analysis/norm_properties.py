@@ -28,7 +28,7 @@ import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from analysis.kernel_bench import measure
+from analysis.bench_norms import measure
 from analysis.plots import pyplot, save
 from model import ModelConfig, Transformer
 from norms import NORM_NAMES, build_norm, norm_class, norm_options, partial_rms_norm, rms_norm

@@ -6,8 +6,8 @@
 
 Everything here is computed by normlab's own code: the norms library for the live panels,
 the analysis package for invariances and the prefix experiment (analysis.norm_properties),
-for reading runs and the summary table (analysis.runs, analysis.compare) and for the kernel
-benchmark (analysis.kernel_bench). Metric keys come from the probes' declarations (analysis.keys).
+for reading runs and the summary table (analysis.runs, analysis.compare_runs) and for the kernel
+benchmark (analysis.bench_norms). Metric keys come from the probes' declarations (analysis.keys).
 """
 
 import marimo
@@ -31,9 +31,9 @@ def _():
 
     ROOT = mo.notebook_dir().parent
 
-    from analysis.compare import summary_table
-    from analysis.kernel_bench import IMPLEMENTATIONS
-    from analysis.kernel_bench import run as bench_norms_run
+    from analysis.bench_norms import IMPLEMENTATIONS
+    from analysis.bench_norms import run as bench_norms_run
+    from analysis.compare_runs import summary_table
     from analysis.keys import metric_key
     from analysis.norm_properties import invariance_table, prefix_rms_error, registered_norms
     from analysis.runs import (

@@ -14,7 +14,7 @@ Writes loss.png, throughput.png, activations.png, gains.png and summary.md into 
 
 import sys
 
-from analysis.compare import main
+from analysis.compare_runs import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,7 @@ arguments change its plan. The other arguments besides --out and --dry-run are H
 to every training command (hydra/launcher=submitit_slurm fans the runs out on a cluster). Stage by stage
 (analysis/study_plan.py: the grid, the edges, the seeds at the best rates) it trains what is
 missing through ``python train.py -m``, so an interrupted study resumes where it stopped when the
-command is run again. The report (scripts/study_report.py) lands in --out.
+command is run again. The report (scripts/study_report.py, or scripts/size_report.py for several models) lands in --out.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from analysis.results import PLAN_FILE, VAL_LOSS, Result, capped_loss
 from analysis.runs import BASELINE, RunsError, load_runs
-from analysis.study import PLAN_FILE, VAL_LOSS, Result, capped_loss, write_report
+from analysis.size_report import write_size_report
 from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs
-from analysis.study_size import write_size_report
+from analysis.study_report import write_report
 from analysis.study_spec import StudySpecError, load_study_spec
 from training.config import register_configs
 from training.cpu_threads import concurrent_jobs

@@ -15,7 +15,7 @@ from model.loss import fused_linear_cross_entropy
 from training.config import build_model_config
 from training.distributed import Distributed
 from training.runtime import should_compile
-from training.setup import plan_run
+from training.setup import resolve_settings
 
 STEPS = 4
 # Every logit control compiled at once (z-loss, both soft-caps and QK-clip's max-logit tracking
@@ -76,10 +76,10 @@ def test_the_gpu_recipes_compose_and_build(overrides):
     """The README's GPU commands fail here, in CI, rather than on a user's first GPU step."""
     cfg = compose_config(*overrides)
     cuda = torch.device("cuda")
-    plan = plan_run(cfg, Distributed(), cuda)  # builds the model on the meta device
-    assert plan.precision == "bf16"
+    settings = resolve_settings(cfg, Distributed(), cuda)  # builds the model on the meta device
+    assert settings.precision == "bf16"
     assert should_compile(cfg.train.compile, cuda, cfg.train.max_steps)
-    assert plan.tokens_per_step == cfg.train.global_batch_tokens
+    assert settings.tokens_per_step == cfg.train.global_batch_tokens
     with torch.device("meta"):
         model = Transformer(build_model_config(cfg, cfg.data.vocab_size))
     if cfg.model.name == "gpu_125m":  # counted by hand: tied embeddings, GQA 12/4 heads, SwiGLU hidden 2048

@@ -9,9 +9,8 @@ import pytest
 import torch
 from tiny_runs import ROOT
 
-from analysis import compare as compare_runs
-from analysis import norm_properties
-from analysis.kernel_bench import bytes_moved
+from analysis import compare_runs, norm_properties
+from analysis.bench_norms import bytes_moved
 from analysis.stats import welch_p_value
 from norms import NORM_NAMES
 from training.metrics_file import Metrics, MetricsFileError, read_metrics

@@ -7,11 +7,13 @@ import math
 import pytest
 import yaml
 
-from analysis import compare as compare_runs
-from analysis import study as study_report
+from analysis import compare_runs, study_report
+from analysis.claims import Claim, evaluate_claim
+from analysis.results import common_grid, load_results
 from analysis.runs import SWEPT, RunsError, default_baseline, find_runs, group_runs, loss_ceiling, swept_keys
+from analysis.size_report import by_size, write_size_report
 from analysis.stats import welch_p_value
-from analysis.study_size import by_size, write_size_report
+from analysis.study import Study, lr_sensitivity, summarize
 
 QK = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": "rmsnorm"}
 PRE = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": None}
@@ -84,8 +86,8 @@ def study(tmp_path):
 def test_lr_sensitivity_against_a_hand_calculation():
     # Losses 5.0, 4.0 and a divergence (counted as the initial loss L0): best 4.0.
     expected = ((5.0 - 4.0) + 0.0 + (L0 - 4.0)) / 3
-    assert study_report.lr_sensitivity({0.001: 5.0, 0.01: 4.0, 0.1: L0}) == pytest.approx(expected)
-    assert study_report.lr_sensitivity({0.001: 4.0, 0.01: 4.0}) == 0.0
+    assert lr_sensitivity({0.001: 5.0, 0.01: 4.0, 0.1: L0}) == pytest.approx(expected)
+    assert lr_sensitivity({0.001: 4.0, 0.01: 4.0}) == 0.0
 
 
 def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
@@ -139,8 +141,8 @@ def test_seeds_give_welch_p_values(tmp_path):
     for seed, (a, b) in enumerate([(4.0, 4.5), (4.1, 4.6), (4.05, 4.55)]):
         _write_run(root, "rmsnorm", 0.01, a, seed=seed)
         _write_run(root, "layernorm", 0.01, b, seed=seed)
-    results = study_report.load_results([str(root)], "val/loss")[0]
-    summaries = study_report.summarize(results, study_report.common_grid(results))
+    results = load_results([str(root)], "val/loss")[0]
+    summaries = summarize(results, common_grid(results))
     assert summaries["layernorm"].best_mean - summaries["rmsnorm"].best_mean == pytest.approx(0.5)
     assert welch_p_value(summaries["layernorm"].best_values, summaries["rmsnorm"].best_values) < 0.01
 
@@ -150,7 +152,7 @@ def test_mixed_tokenizers_are_refused_for_loss_but_not_for_bits_per_byte(tmp_pat
     _write_run(root, "rmsnorm", 0.01, 4.0, tokenizer="bpe-a")
     _write_run(root, "layernorm", 0.01, 4.2, tokenizer="bpe-b")
     with pytest.raises(RunsError, match="different tokenizers"):
-        study_report.load_results([str(root)], "val/loss")
+        load_results([str(root)], "val/loss")
     assert study_report.main([str(root), "--out", str(tmp_path / "o"), "--metric", "val/bpb"]) == 0
 
 
@@ -171,19 +173,19 @@ def test_a_claim_with_seeds_gets_a_paired_interval_and_a_verdict(tmp_path):
         for lr, (base, qk) in {0.001: (5.0, 4.9), 0.01: (4.0, 3.8), 0.1: (4.6, 4.5)}.items():
             _write_run(root, "rmsnorm", lr, base + offset, seed=seed)
             _write_run(root, "rmsnorm-qk", lr, qk + offset + 0.01 * seed, seed=seed)
-    results, _ = study_report.load_results([str(root)], "val/loss")
-    study = study_report.Study(results, "rmsnorm")
-    claim = study_report.Claim("QK-norm lowers the loss", "test", "best_loss", QK, PRE, "lower")
-    evaluated = study_report.evaluate_claim(claim, study)
+    results, _ = load_results([str(root)], "val/loss")
+    study = Study(results, "rmsnorm")
+    claim = Claim("QK-norm lowers the loss", "test", "best_loss", QK, PRE, "lower")
+    evaluated = evaluate_claim(claim, study)
     assert (evaluated["arm"], evaluated["against"], evaluated["seeds"]) == ("rmsnorm-qk", "rmsnorm", 3)
     assert evaluated["difference"] == pytest.approx(-0.19)
     low, high = evaluated["ci95"]
     assert -0.2 - 1e-9 <= low <= high < 0 and evaluated["p"] < 0.01 and evaluated["verdict"] == "agrees"
-    flipped = study_report.evaluate_claim(study_report.Claim("x", "test", "best_loss", QK, PRE, "higher"), study)
+    flipped = evaluate_claim(Claim("x", "test", "best_loss", QK, PRE, "higher"), study)
     assert flipped["verdict"] == "disagrees"
     # Without the highest rate both arms' best sits at the edge of the rates run: no verdict on a best loss.
-    edge = study_report.Study([r for r in results if r.lr < 0.1], "rmsnorm")
-    at_edge = study_report.evaluate_claim(claim, edge)
+    edge = Study([r for r in results if r.lr < 0.1], "rmsnorm")
+    at_edge = evaluate_claim(claim, edge)
     assert at_edge["verdict"] == "not tested" and "best rate at an edge" in at_edge["why"]
 
 
@@ -217,7 +219,7 @@ def test_the_unigram_line_decides_who_trained_and_the_probes_explain_why(tmp_pat
                 with (run / "metrics.jsonl").open("a") as metrics:
                     grads = {f"grad/layers.{i}": 0.0 if variant == "dyt" else 0.1 for i in range(3)}
                     metrics.write(json.dumps({"step": 30, **grads, "heldout/loss": loss + 0.02}) + "\n")
-    study = study_report.Study(study_report.load_results([str(root)], "val/loss")[0], "rmsnorm")
+    study = Study(load_results([str(root)], "val/loss")[0], "rmsnorm")
     assert study.untrained == {"dyt"}  # 6.0 is not 0.3 below 6.1; rmsnorm's 4.0 is
     results = study_report.study_json(study, "val/loss", [])
     rms = results["variants"]["rmsnorm"]
@@ -257,7 +259,7 @@ def test_the_size_report_compares_lr_sensitivity_across_models(tmp_path):
                     config["model"] = {"name": f"study_d{d}", "d_model": d, "tie_embeddings": True}
                     config["runtime"]["params"] = 1000 * d + VOCAB * d
                     (run / "config.yaml").write_text(yaml.safe_dump(config))
-    results, _ = study_report.load_results([str(root)], "val/loss")
+    results, _ = load_results([str(root)], "val/loss")
     rows = by_size(results, "rmsnorm", [str(root)])
     assert [r["model"] for r in rows] == ["study_d32", "study_d64"]
     assert [r["non_embedding_params"] for r in rows] == [32_000, 64_000]

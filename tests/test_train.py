@@ -17,7 +17,7 @@ import model.transformer as transformer_module
 import training.setup as training_setup
 from model import Transformer
 from norms import NORM_NAMES, build_norm
-from training.batches import plan_batches
+from training.batches import split_global_batch
 from training.checkpoint import load_checkpoint
 from training.config import RUN_NAME_KEYS, ConfigError, build_model_config
 from training.nonfinite import TrainingDiverged
@@ -324,14 +324,14 @@ def test_multirun_sweeps_norms_and_placements(tmp_path, cache_dir):
     assert tag and runs == {f"{i}-tiny-{variant}-s0{tag}" for i, variant in enumerate(variants)}
 
 
-def test_plan_batches():
+def test_split_global_batch():
     cfg = SimpleNamespace(global_batch_tokens=None, batch_size=4)
-    assert plan_batches(cfg, 64, 1) == (4, 1)
+    assert split_global_batch(cfg, 64, 1) == (4, 1)
     cfg = SimpleNamespace(global_batch_tokens=64 * 16, batch_size=4)
-    assert plan_batches(cfg, 64, 1) == (16, 4)
-    assert plan_batches(cfg, 64, 2) == (16, 2)
+    assert split_global_batch(cfg, 64, 1) == (16, 4)
+    assert split_global_batch(cfg, 64, 2) == (16, 2)
     with pytest.raises(ConfigError, match="change train.batch_size or train.global_batch_tokens"):
-        plan_batches(SimpleNamespace(global_batch_tokens=64 * 6, batch_size=4), 64, 1)
+        split_global_batch(SimpleNamespace(global_batch_tokens=64 * 6, batch_size=4), 64, 1)
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():

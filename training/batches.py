@@ -41,7 +41,7 @@ class TrainBatches:
         return windows[:, :-1], windows[:, 1:]
 
 
-def plan_batches(train_cfg, seq_len: int, world_size: int) -> tuple[int, int]:
+def split_global_batch(train_cfg, seq_len: int, world_size: int) -> tuple[int, int]:
     """(sequences per global batch, gradient-accumulation steps) from the configured global batch."""
     global_tokens = train_cfg.global_batch_tokens or train_cfg.batch_size * seq_len
     per_pass = train_cfg.batch_size * world_size

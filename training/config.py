@@ -25,6 +25,7 @@ from training.nonfinite import NAN_POLICIES
 from training.optim import WEIGHT_DECAY_MODES
 from training.run_record import register_run_name_resolvers
 from training.runtime import PRECISIONS
+from training.variant import label_keys
 
 # ruff: noqa: UP006, UP045
 
@@ -235,7 +236,7 @@ class Config:
     device: str = "auto"  # auto: cuda, else mps, else cpu
     cpu_threads: Optional[int] = None  # None: this process's share of the cores (training/cpu_threads.py)
     # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
-    variant: str = "${norm_variant:${norm.name},${norm.placement},${norm.qk},${norm.qk_axis},${norm.gain},${norm.depth_scaling},${norm.post_fraction},${model.embed_scale},${model.init_out_scale},${model.logit_softcap},${model.attn_softcap},${train.z_loss},${train.qk_clip},${train.weight_decay_mode},${model.residual_scale},${model.outer_norm}}"
+    variant: str = "${norm_variant:}"  # the label of training/variant.py's switches
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
@@ -284,13 +285,9 @@ def build_model_config(cfg, vocab_size: int) -> ModelConfig:
     )
 
 
-# Overrides of these keys show in the readable part of a run name; others add a short hash.
-RUN_NAME_KEYS = (
-    "norm", "model", "seed", "run_name", "norm.placement", "norm.qk", "norm.qk_axis", "norm.gain",
-    "norm.depth_scaling", "norm.post_fraction", "model.embed_scale", "model.init_out_scale", "model.logit_softcap",
-    "model.attn_softcap", "train.z_loss", "train.qk_clip", "train.weight_decay_mode", "model.residual_scale",
-    "model.outer_norm",
-)  # fmt: skip
+# Overrides of these keys show in the readable part of a run name (the variant label holds them);
+# others add a short hash.
+RUN_NAME_KEYS = ("norm", "model", "seed", "run_name", *label_keys())
 
 
 def register_configs() -> None:

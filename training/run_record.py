@@ -24,6 +24,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from training.atomic import atomic_write_text
+from training.variant import variant_label
 
 RECORD = "config.yaml"
 
@@ -206,51 +207,9 @@ def overrides_tag(overrides: list[str], readable_keys: tuple[str, ...]) -> str:
     return "-h" + hashlib.sha1("\n".join(sorted(kept)).encode()).hexdigest()[:6]
 
 
-def norm_variant(
-    name: str,
-    placement: str,
-    qk: str | None,
-    qk_axis: str,
-    gain: str | None,
-    depth_scaling: str = "none",
-    post_fraction: float = 0.25,
-    embed_scale: str = "none",
-    init_out_scale: str = "inverse_sqrt_2l",
-    logit_softcap: float | None = None,
-    attn_softcap: float | None = None,
-    z_loss: float = 0.0,
-    qk_clip: float | None = None,
-    weight_decay_mode: str = "coupled",
-    residual_scale: float | None = None,
-    outer_norm: str | None = None,
-) -> str:
-    """A readable label of a design choice: ``rmsnorm``, ``rmsnorm-peri-qk``, ``dyt-qk_rmsnorm_all``,
-    ``rmsnorm-mix_ln0.25-zloss0.0001``; each choice at its default adds nothing."""
-    parts = [name]
-    if placement != "pre":
-        parts.append(f"mix_ln{post_fraction:g}" if placement == "mix_ln" else placement)
-    if qk:
-        parts.append("qk" + ("" if qk == name else f"_{qk}") + ("_all" if qk_axis == "all" else ""))
-    if gain and gain != "standard":
-        parts.append(f"gain_{gain}")
-    optional = (
-        ("lns", depth_scaling != "none"),
-        (f"embed_{embed_scale}", embed_scale != "none"),
-        ("init_out_none", init_out_scale == "none"),
-        (f"softcap{logit_softcap:g}" if logit_softcap else "", logit_softcap is not None),
-        (f"attncap{attn_softcap:g}" if attn_softcap else "", attn_softcap is not None),
-        (f"zloss{z_loss:g}", bool(z_loss)),
-        (f"qkclip{qk_clip:g}" if qk_clip else "", qk_clip is not None),
-        ("wd_independent", weight_decay_mode == "independent"),
-        (f"resid{residual_scale:g}" if residual_scale else "", residual_scale is not None),
-        (f"outer_{outer_norm}", outer_norm is not None),
-    )
-    parts += [label for label, present in optional if present]
-    return "-".join(parts)
-
-
 def register_run_name_resolvers(readable_keys: tuple[str, ...]) -> None:
-    """``${norm_variant:...}`` and ``${overrides_tag:}`` (this process's Hydra overrides; "" outside Hydra)."""
+    """``${norm_variant:}`` (the label of the config it sits in, training/variant.py) and ``${overrides_tag:}``
+    (this process's Hydra overrides; "" outside Hydra)."""
 
     def resolve_overrides_tag() -> str:
         from hydra.core.hydra_config import HydraConfig
@@ -261,4 +220,6 @@ def register_run_name_resolvers(readable_keys: tuple[str, ...]) -> None:
 
     if not OmegaConf.has_resolver("overrides_tag"):
         OmegaConf.register_new_resolver("overrides_tag", resolve_overrides_tag)
-        OmegaConf.register_new_resolver("norm_variant", norm_variant)
+        OmegaConf.register_new_resolver(
+            "norm_variant", lambda *, _root_: variant_label(lambda key: OmegaConf.select(_root_, key))
+        )

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model import ModelConfig, Transformer
 from norms.cpu import flush_denormals
-from training.batches import plan_batches
+from training.batches import split_global_batch
 from training.checkpoint import (
     CheckpointError,
     check_same_model,
@@ -46,7 +46,7 @@ log = logging.getLogger("normlab.train")
 
 
 @dataclass
-class Plan:
+class RunSettings:
     """What the config asks for, checked: precision, threads, sequence length and batch split."""
 
     precision: str
@@ -67,7 +67,7 @@ class TrainingRun:
     run_dir: Path
     device: torch.device
     dist: Distributed
-    plan: Plan
+    settings: RunSettings
     data: Data
     model: Transformer  # the plain module: probes, checkpoints and evaluation use it
     compiled: torch.nn.Module  # what steps and evaluation run (torch.compile'd when on)
@@ -85,7 +85,7 @@ class TrainingRun:
 
     @property
     def autocast(self):
-        return autocast_context(self.plan.precision, self.device)
+        return autocast_context(self.settings.precision, self.device)
 
     def elapsed(self) -> float:
         """Wall-clock seconds of training so far, across resumes."""
@@ -105,7 +105,7 @@ class TrainingRun:
         return save_checkpoint(self.run_dir, state, self.cfg.train.keep_checkpoints)
 
 
-def plan_run(cfg: DictConfig, dist: Distributed, device: torch.device) -> Plan:
+def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -> RunSettings:
     """The config's choices checked before any data loads; a bad one raises ConfigError naming its key."""
     try:
         precision = resolve_precision(cfg.train.precision, device)
@@ -115,14 +115,14 @@ def plan_run(cfg: DictConfig, dist: Distributed, device: torch.device) -> Plan:
     seq_len = cfg.train.seq_len or cfg.model.max_seq_len
     if seq_len > cfg.model.max_seq_len:
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
-    global_batch, accum = plan_batches(cfg.train, seq_len, dist.world_size)
+    global_batch, accum = split_global_batch(cfg.train, seq_len, dist.world_size)
     check_logit_controls(cfg)
     try:  # the model on the meta device (no memory, no data): a bad norm choice fails here, first
         with torch.device("meta"):
             Transformer(build_model_config(cfg, cfg.data.vocab_size))
     except ValueError as err:
         raise ConfigError(f"model/norm config: {err}") from err
-    return Plan(precision, cpu_threads, threads_why, seq_len, global_batch, accum)
+    return RunSettings(precision, cpu_threads, threads_why, seq_len, global_batch, accum)
 
 
 def check_logit_controls(cfg: DictConfig) -> None:
@@ -140,14 +140,14 @@ def check_logit_controls(cfg: DictConfig) -> None:
             )
 
 
-def check_run_identity(cfg: DictConfig, run_dir: Path, plan: Plan) -> dict | None:
+def check_run_identity(cfg: DictConfig, run_dir: Path, settings: RunSettings) -> dict | None:
     """Refuse to train in ``run_dir`` if it holds a run of another configuration (before anything is written).
 
     Returns None for a new run, else the entry that the resume will add to the run's record.
     """
     config = {
         **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-        "runtime": {"precision": plan.precision, "global_batch_tokens": plan.tokens_per_step},
+        "runtime": {"precision": settings.precision, "global_batch_tokens": settings.tokens_per_step},
     }
     schema_defaults = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
     return check_resume(run_dir, config, schema_defaults, list(cfg.resume_with_changes))
@@ -163,11 +163,11 @@ def configure_device(device: torch.device) -> None:
         flush_denormals()
 
 
-def load_data(cfg: DictConfig, plan: Plan, dist: Distributed) -> Data:
+def load_data(cfg: DictConfig, settings: RunSettings, dist: Distributed) -> Data:
     """Each node's first process fills the caches (tokenizer, token arrays); the others then read them."""
     if dist.local_rank != 0:
         dist.barrier()
-    data = build_data(cfg.data, plan.seq_len, plan.global_batch, cfg.seed)
+    data = build_data(cfg.data, settings.seq_len, settings.global_batch, cfg.seed)
     if dist.local_rank == 0:
         dist.barrier()
     return data
@@ -209,22 +209,29 @@ def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data,
 
 
 def runtime_record(
-    model: Transformer, model_cfg: ModelConfig, plan: Plan, device, dist, compiled: bool, peak, unigram_loss: float
+    model: Transformer,
+    model_cfg: ModelConfig,
+    settings: RunSettings,
+    device,
+    dist,
+    compiled: bool,
+    peak,
+    unigram_loss: float,
 ) -> dict:
     """What actually ran, recorded as ``runtime:`` in the run's config.yaml."""
     return {
         "norm_backend": {norm.role: norm.backend(device) for norm in model.norm_modules().values()},
         "norm_roles": {name: norm.role for name, norm in model.norm_modules().items()},
         "device": str(device),
-        "cpu_threads": plan.cpu_threads,
-        "precision": plan.precision,
+        "cpu_threads": settings.cpu_threads,
+        "precision": settings.precision,
         "world_size": dist.world_size,
-        "grad_accum": plan.accum,
-        "global_batch_tokens": plan.tokens_per_step,
+        "grad_accum": settings.accum,
+        "global_batch_tokens": settings.tokens_per_step,
         "vocab_size": model_cfg.vocab_size,
         "unigram_val_loss": unigram_loss,
         "params": sum(p.numel() for p in model.parameters()),
-        "flops_per_token": model.flops_per_token(plan.seq_len),
+        "flops_per_token": model.flops_per_token(settings.seq_len),
         "peak_flops": peak[0],
         "peak_flops_source": peak[1],
         "torch": str(torch.__version__),
@@ -234,15 +241,15 @@ def runtime_record(
 
 def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distributed) -> TrainingRun | None:
     """The run ``cfg`` describes in ``run_dir``, resumed where it stopped; None when nothing is left to train."""
-    plan = plan_run(cfg, dist, device)
+    settings = resolve_settings(cfg, dist, device)
     configure_device(device)
-    resume_entry = check_run_identity(cfg, run_dir, plan)
+    resume_entry = check_run_identity(cfg, run_dir, settings)
     if resume_entry is not None and not cfg.resume_with_changes:
         diverged_at = diverged_step(read_metrics(run_dir / "metrics.jsonl", damaged="skip").rows)
         if diverged_at is not None:
             log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
             return None
-    data = load_data(cfg, plan, dist)
+    data = load_data(cfg, settings, dist)
     model, model_cfg = build_model(cfg, data, device)
     optimizer = build_optimizer(model, cfg.train, device)
     start_step, resumed_from, elapsed_before = restore(run_dir, model, optimizer, model_cfg, data, cfg, dist)
@@ -254,36 +261,36 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     train_model = compiled
     if dist.enabled:
         train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
-    peak = peak_flops(device, plan.precision, cfg.train.peak_flops)
-    runtime = runtime_record(model, model_cfg, plan, device, dist, use_compile, peak, data.unigram_loss)
+    peak = peak_flops(device, settings.precision, cfg.train.peak_flops)
+    runtime = runtime_record(model, model_cfg, settings, device, dist, use_compile, peak, data.unigram_loss)
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
     loggers = Loggers([])
     if dist.is_main:
         if resume_entry is not None:
             resume_entry.update(step=start_step, checkpoint=str(resumed_from) if resumed_from else None)
         loggers = open_loggers(cfg, run_dir, run_config, data, resume_entry)
-        log_start(cfg, runtime, plan, device, dist, start_step if resumed_from else None)
+        log_start(cfg, runtime, settings, device, dist, start_step if resumed_from else None)
     meter = ThroughputMeter(runtime["flops_per_token"], peak[0] * dist.world_size, cfg.train.perf_warmup_steps)
     nonfinite = NonFinitePolicy(cfg.train.nan_policy, cfg.train.max_skipped_steps)
     return TrainingRun(
-        cfg, run_dir, device, dist, plan, data, model, compiled, train_model, model_cfg, optimizer,
+        cfg, run_dir, device, dist, settings, data, model, compiled, train_model, model_cfg, optimizer,
         start_step, resumed_from, elapsed_before, run_config, loggers, meter, nonfinite,
     )  # fmt: skip
 
 
-def log_start(cfg: DictConfig, runtime: dict, plan: Plan, device, dist, resumed_at: int | None) -> None:
+def log_start(cfg: DictConfig, runtime: dict, settings: RunSettings, device, dist, resumed_at: int | None) -> None:
     log.info(
         "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d), %d CPU threads (%s)%s",
         cfg.run_name,
         f"{runtime['params']:,}",
         cfg.variant,
         ", ".join(sorted(set(runtime["norm_backend"].values()))) or "no norms",
-        plan.precision,
+        settings.precision,
         device,
         dist.world_size,
-        plan.tokens_per_step,
-        plan.accum,
-        plan.cpu_threads,
-        plan.threads_why,
+        settings.tokens_per_step,
+        settings.accum,
+        settings.cpu_threads,
+        settings.threads_why,
         f", resuming from step {resumed_at}" if resumed_at is not None else "",
     )

@@ -14,6 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from analysis.format import number
 from analysis.keys import instances, metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import (
@@ -210,7 +211,6 @@ def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | Non
         + "tokens/s | MFU | peak mem (GB) | time in norms |",
         "|---|---|---|---|---|" + "---|" * len(schemes) + "---|---|---|---|",
     ]
-    fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     for name, runs in groups.items():
         values = finals[name]
         mean = statistics.fmean(values) if values else None
@@ -222,10 +222,10 @@ def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | Non
         p_text = "–" if p is None else f"{p:.3g}{' (significant at 0.05)' if p < 0.05 else ''}"
         norm_frac = _mean_of_last(runs, NORM_TIME_FRAC)
         lines.append(
-            f"| {name} | {len(runs)} | {fmt(mean, '.4f')} ± {std:.4f} | {fmt(delta, '+.4f')} | {p_text} | "
-            + "".join(f"{fmt(deltas[name].get(s), '+.4f')} | " for s in schemes)
-            + f"{fmt(_median_of(runs, TOKENS_PER_SEC), ',.0f')} | {fmt(_median_of(runs, MFU), '.1%')} | "
-            f"{fmt(_mean_of_last(runs, PEAK_MEM), '.2f')} | {fmt(norm_frac, '.1%')} |"
+            f"| {name} | {len(runs)} | {number(mean, '.4f')} ± {std:.4f} | {number(delta, '+.4f')} | {p_text} | "
+            + "".join(f"{number(deltas[name].get(s), '+.4f')} | " for s in schemes)
+            + f"{number(_median_of(runs, TOKENS_PER_SEC), ',.0f')} | {number(_median_of(runs, MFU), '.1%')} | "
+            f"{number(_mean_of_last(runs, PEAK_MEM), '.2f')} | {number(norm_frac, '.1%')} |"
         )
     return "\n".join(lines)
 

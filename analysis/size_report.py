@@ -1,7 +1,7 @@
 """LR sensitivity against model size: Wortsman et al.'s signature figure (arXiv 2309.14322, Fig. 1).
 
     python scripts/run_study.py +experiment=stability_size
-    python scripts/study_report.py runs/stability --size --out docs/study/size
+    python scripts/size_report.py runs/stability --out docs/study/size
 
 Each model in the runs is a study of its own (analysis/study.py) over the variants every model
 ran; the report plots each variant's LR sensitivity, with its 95% interval over seeds, against
@@ -11,23 +11,17 @@ paper's sizes, a difference that does not show is "not seen below N parameters",
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
+from analysis.claims import claims_of, evaluate_claim
+from analysis.format import interval
 from analysis.plots import pyplot, save
-from analysis.runs import RunsError
-from analysis.study import (
-    Result,
-    Study,
-    by_model,
-    claims_of,
-    evaluate_claim,
-    heldout_best_loss,
-    interval_text,
-    load_results,
-    planned_grid,
-    seed_interval,
-)
+from analysis.results import Result, by_model, load_results, planned_grid
+from analysis.runs import BASELINE, RunsError
+from analysis.study import Study, heldout_best_loss, seed_interval
 
 
 def _sizes(run_config: dict) -> tuple[int, int]:
@@ -116,7 +110,7 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
             entry = row["variants"][v]
             sens = entry["lr_sensitivity"]
             cells += [
-                f"{sens['value']:.3f}{interval_text(sens['ci95'])}",
+                f"{sens['value']:.3f}{interval(sens['ci95'])}",
                 f"{entry['best_lr']:g}, {entry['best_loss']:.3f}",
             ]
         table.append(
@@ -126,7 +120,7 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
         )
     claim_lines = [
         f"- {row['model']}: {c['claim']}: {c['arm']} − {c['against']} = "
-        + (f"{c['difference']:+.3f}{interval_text(c.get('ci95'))}" if "difference" in c else "–")
+        + (f"{c['difference']:+.3f}{interval(c.get('ci95'))}" if "difference" in c else "–")
         + f" over {c.get('seeds', 0)} seeds: **{c['verdict']}**"
         + (f" ({c['why']})" if c.get("why") else "")
         for row in rows
@@ -158,3 +152,20 @@ parameters, far below the paper's smallest: a difference that does not show here
     data = {"metric": metric, "learning_rates": grid or sorted({r.lr for r in results}), "by_size": rows}
     (out / "study.json").write_text(json.dumps(data, indent=1))
     return out / "report.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", nargs="+", help="the study's run folder (runs/stability), run folders or globs")
+    parser.add_argument("--out", type=Path, default=Path("study/size"))
+    parser.add_argument("--metric", default="val/loss", help="val/loss, or val/bpb across tokenizers")
+    parser.add_argument("--baseline", default=BASELINE)
+    args = parser.parse_args(argv)
+    try:
+        path = write_size_report(args.inputs, args.out, args.metric, args.baseline)
+    except RunsError as err:
+        print(f"size_report: {err}", file=sys.stderr)
+        return 1
+    print(path.read_text())
+    print(f"wrote {args.out}")
+    return 0

@@ -29,11 +29,13 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.format import interval, number
 from analysis.keys import metric_key
+from analysis.labels import shared_switches, without_switches
 from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs
 from analysis.stats import bootstrap_ci, paired_p_value, rank_correlation
-from analysis.study import TRAINED_MARGIN, shared_switches, without_switches
+from analysis.study import TRAINED_MARGIN
 
 KURTOSIS = metric_key("act/layers.{i}/stream_feature_kurtosis")
 MASSIVE = metric_key("act/layers.{i}/massive_ratio")
@@ -216,9 +218,8 @@ def plot_depth(points: list[Point], path: Path) -> None:
     save(fig, path)
 
 
-def _ci(entry: dict, spec: str = ".3g") -> str:
-    ci = entry.get("ci95")
-    return f"{entry['mean']:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
+def _mean_and_interval(entry: dict, spec: str = ".3g") -> str:
+    return number(entry["mean"], spec) + interval(entry.get("ci95"), spec)
 
 
 def conclusions(summary: dict) -> list[str]:
@@ -306,9 +307,9 @@ def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path
             + (f" [{paired['ci95'][0]:+.4f}, {paired['ci95'][1]:+.4f}]" if paired["ci95"] else "")
         )
         table.append(
-            f"| {variant}{'' if v['trained'] else ' (did not train)'} | {v['loss']['n']} | {_ci(v['loss'], '.3f')} | {_ci(v['kurtosis'])} | {_ci(v['massive_ratio'])} | "
-            f"{_ci(v['sink_mass'], '.2f')} | "
-            + " | ".join(_ci(v["delta"][s], "+.4f") for s in SCHEMES)
+            f"| {variant}{'' if v['trained'] else ' (did not train)'} | {v['loss']['n']} | {_mean_and_interval(v['loss'], '.3f')} | {_mean_and_interval(v['kurtosis'])} | {_mean_and_interval(v['massive_ratio'])} | "
+            f"{_mean_and_interval(v['sink_mass'], '.2f')} | "
+            + " | ".join(_mean_and_interval(v["delta"][s], "+.4f") for s in SCHEMES)
             + f" | {paired_cell} |"
         )
     report = f"""# Outlier features, massive activations and quantization, by norm choice

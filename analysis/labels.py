@@ -1,0 +1,18 @@
+"""Variant labels as a report shows them: without the switches every variant of a study shares."""
+
+from __future__ import annotations
+
+
+def shared_switches(labels: list[str]) -> list[str]:
+    """The switches every variant's label has (``wd_independent`` when the whole study decays
+    independently), so that variants can be named by what tells them apart."""
+    parts = [label.split("-") for label in set(labels)]
+    if len(parts) < 2:
+        return []
+    return [part for part in parts[0][1:] if all(part in p[1:] for p in parts)]
+
+
+def without_switches(label: str, switches: list[str]) -> str:
+    """``label`` less ``switches`` (its first part, the norm's name, always stays): ``rmsnorm-qk``."""
+    parts = label.split("-")
+    return "-".join([parts[0], *(p for p in parts[1:] if p not in switches)])
