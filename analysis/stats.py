@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
@@ -71,3 +72,60 @@ def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:
     if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
         return None
     return float(stats.spearmanr(a, b).statistic)
+
+
+VERDICTS = ("agrees", "disagrees", "inconclusive")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What per-seed paired differences (arm minus against) say about an expected direction."""
+
+    verdict: str  # agrees | disagrees | inconclusive
+    difference: float | None  # the mean paired difference
+    ci95: tuple[float, float] | None  # Student's t interval of the mean difference (None below two seeds)
+    p: float | None  # lower/higher: the two-sided paired t-test; similar: the larger of the two one-sided tests
+    seeds: int
+
+
+def paired_comparison(differences: Sequence[float], expect: str, margin: float = 0.0) -> Comparison:
+    """The one verdict engine: per-seed paired differences -> verdict, 95% interval and p-value, which agree.
+
+    ``expect="lower"`` (``"higher"``): agrees when the 95% Student's t interval of the mean difference lies
+    below (above) zero, which is exactly a two-sided paired t-test at p < 0.05; disagrees when it lies on
+    the other side. ``expect="similar"``: two one-sided tests against ``margin`` (TOST): agrees when both
+    reject at 0.05 (the 90% interval lies inside ±margin); disagrees when the 95% interval lies outside it.
+    Student's t keeps its coverage at 3 to 8 seeds, where a bootstrap's does not (tests/unit/analysis/
+    test_stats.py simulates both).
+    """
+    if expect not in ("lower", "higher", "similar"):
+        raise ValueError(f"expect must be lower, higher or similar, got {expect!r}")
+    if expect == "similar" and not margin > 0:
+        raise ValueError(
+            f"expect: similar needs a margin > 0 (the largest difference that counts as similar), got {margin}"
+        )
+    d = np.asarray(differences, dtype=float)
+    if d.size < 2:
+        return Comparison("inconclusive", float(d.mean()) if d.size else None, None, None, int(d.size))
+    mean = float(d.mean())
+    if np.all(d == d[0]):  # no spread: the t statistic is infinite (or undefined at zero)
+        ci, p_two = (mean, mean), (1.0 if mean == 0 else 0.0)
+        p_tost = 0.0 if abs(mean) < margin else 1.0
+    else:
+        test = stats.ttest_1samp(d, 0.0)
+        low, high = test.confidence_interval(0.95)
+        ci, p_two = (float(low), float(high)), float(test.pvalue)
+        if expect == "similar":
+            p_tost = max(
+                float(stats.ttest_1samp(d, -margin, alternative="greater").pvalue),
+                float(stats.ttest_1samp(d, margin, alternative="less").pvalue),
+            )
+    if expect == "similar":
+        agrees, disagrees = p_tost < 0.05, ci[0] > margin or ci[1] < -margin
+        p = p_tost
+    else:
+        below, above = ci[1] < 0, ci[0] > 0
+        agrees, disagrees = (below, above) if expect == "lower" else (above, below)
+        p = p_two
+    verdict = "agrees" if agrees else "disagrees" if disagrees else "inconclusive"
+    return Comparison(verdict, mean, ci, p, int(d.size))

@@ -105,7 +105,7 @@ class _GainedNorm(Norm):
 class _RMSFamily(_GainedNorm):
     """RMSNorm over the first ``k`` features: the C kernel on float32 CPU tensors, else the reference op.
 
-    The two agree to float32 rounding (tests/test_cpu_kernel.py); in float32 the cast order
+    The two agree to float32 rounding (tests/unit/norms/test_cpu_kernels.py); in float32 the cast order
     makes no difference, so ``cast_before_weight`` only matters on the reference path.
     """
 

@@ -1,14 +1,11 @@
 """The analysis package's contracts: metric keys by declared templates, the statistics, claim verdicts."""
 
 import contextlib
-import statistics
 
 import pytest
 import torch
 
-from analysis.claims import verdict
 from analysis.keys import UnknownMetricKey, fields, instances, metric_key
-from analysis.stats import bootstrap_ci, paired_p_value, welch_p_value
 from model import ModelConfig, Transformer
 from training.probes import PROBES, declared_keys, layer_grad_norms, run_probes
 
@@ -44,45 +41,3 @@ def test_the_probes_write_exactly_the_keys_they_declare():
     probe_templates = [t for probe in PROBES for t in probe.keys]
     never = [t for t in probe_templates if not any(fields(t, k) is not None for k in written)]
     assert not never, f"declared but never written: {never}"
-
-
-def test_paired_t_test_by_hand():
-    # Differences 1, 2, 3: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 3.464 with 2 df; P(|T| > t) = 1 - t / sqrt(t^2 + 2).
-    t = 2 * 3**0.5
-    assert paired_p_value([2, 4, 6], [1, 2, 3]) == pytest.approx(1 - t / (t * t + 2) ** 0.5, rel=1e-9)
-    assert paired_p_value([1.0], [0.0]) is None
-    assert paired_p_value([1, 2], [1, 2]) == 1.0
-    with pytest.raises(ValueError, match="equal lengths"):
-        paired_p_value([1, 2], [1])
-    # Pairing removes what the seeds share: the same gap buried in seed-to-seed spread.
-    a, b = [4.0, 5.0, 6.0, 7.0], [4.1, 5.1, 6.12, 7.09]
-    assert paired_p_value(a, b) < 0.001 < 0.5 < welch_p_value(a, b)
-
-
-def test_bootstrap_interval_holds_the_mean_and_narrows_with_more_values():
-    values = [0.1, -0.2, 0.3, 0.05, 0.15, -0.05]
-    low, high = bootstrap_ci(values)
-    assert low < statistics.fmean(values) < high and min(values) <= low and high <= max(values)
-    assert bootstrap_ci(values) == bootstrap_ci(values)  # seeded: a report is reproducible
-    wide = bootstrap_ci(values[:3])
-    narrow = bootstrap_ci(values * 10)
-    assert narrow[1] - narrow[0] < wide[1] - wide[0]
-    assert bootstrap_ci([1.0]) is None
-
-
-@pytest.mark.parametrize(
-    "expect, ci, margin, expected",
-    [
-        ("lower", (-0.3, -0.1), 0.0, "agrees"),
-        ("lower", (0.1, 0.3), 0.0, "disagrees"),
-        ("lower", (-0.1, 0.2), 0.0, "inconclusive"),
-        ("higher", (0.1, 0.3), 0.0, "agrees"),
-        ("higher", (-0.3, -0.1), 0.0, "disagrees"),
-        ("similar", (-0.02, 0.03), 0.05, "agrees"),
-        ("similar", (0.08, 0.2), 0.05, "disagrees"),
-        ("similar", (-0.02, 0.2), 0.05, "inconclusive"),
-        ("lower", None, 0.0, "inconclusive"),
-    ],
-)
-def test_the_verdict_follows_the_interval(expect, ci, margin, expected):
-    assert verdict(expect, ci, margin) == expected

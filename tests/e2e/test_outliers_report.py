@@ -10,15 +10,6 @@ from tiny_runs import CONFIG_DIR, run_tiny
 import eval as eval_script
 from analysis import outliers_report as outliers
 from analysis.runs import RunsError
-from analysis.stats import rank_correlation
-
-
-def test_rank_correlation_by_hand():
-    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    # ranks 0,1,2,3 against 0,2,1,3: d^2 = 0+1+1+0, rho = 1 - 6*2 / (4*15) = 0.8
-    assert rank_correlation([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
-    assert rank_correlation([1, 2], [1, 2]) is None and rank_correlation([1, 1, 1], [1, 2, 3]) is None
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,38 @@
+"""scripts/run_study.py: one command trains a study's grid, its edges and its seeds, then reports."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tiny_runs import ROOT, tiny_overrides
+
+
+def _run_study(tmp_path, cache_dir, *extra):
+    overrides = [o for o in tiny_overrides(cache_dir, 3) if not o.startswith("train.max_steps")]
+    command = [
+        sys.executable, "scripts/run_study.py", "+experiment=stability", "hydra/launcher=basic", *overrides,
+        "train.max_steps=3", "data.heldout_windows=2", "+variant=rmsnorm,identity", "train.lr=0.001,0.01",
+        "plan.headline=[]", "plan.best_rate_seeds=3",
+        "plan.extra_rates=1", f"hydra.sweep.dir={tmp_path / 'runs'}", "--out", str(tmp_path / "report"), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_one_command_runs_the_grid_the_edges_and_the_seeds_then_reports(tmp_path, tmp_path_factory):
+    cache_dir = str(tmp_path_factory.mktemp("cache"))
+    first = _run_study(tmp_path, cache_dir)
+    assert "runs to train now" in first and "min left" in first
+    data = json.loads((tmp_path / "report" / "study.json").read_text())
+    assert data["learning_rates"] == [0.001, 0.01]
+    cells = {(c["variant"], c["lr"], c["seed"]) for c in data["cells"]}
+    for variant in ("rmsnorm", "identity"):  # no headline here: the unit tests above cover its extra seeds
+        v = data["variants"][variant]
+        assert {(variant, lr, 0) for lr in (0.001, 0.01)} <= cells
+        assert {(variant, v["best_lr"], s) for s in range(3)} <= cells  # best_rate_seeds at its best rate
+        assert len(v["rates"]) <= 2 + 1  # the grid plus at most one rate past an edge
+        assert v["best_loss"]["seeds"] == 3
+    assert "nothing to train" in _run_study(tmp_path, cache_dir, "--dry-run")

@@ -1,0 +1,32 @@
+"""training/variant.py: a variant's label from its switches, and the run name that reads the same table."""
+
+import pytest
+from tiny_runs import compose_config
+
+from training.config import RUN_NAME_KEYS
+from training.variant import SWITCHES, label_keys
+
+
+@pytest.mark.parametrize(
+    "overrides, label",
+    [
+        ((), "rmsnorm"),
+        (("norm.placement=peri", "norm.qk=rmsnorm"), "rmsnorm-peri-qk"),
+        (("norm=dyt", "norm.qk=rmsnorm", "norm.qk_axis=all"), "dyt-qk_rmsnorm_all"),
+        (("norm.placement=mix_ln", "norm.post_fraction=0.5", "train.z_loss=1e-4"), "rmsnorm-mix_ln0.5-zloss0.0001"),
+        (
+            ("norm.gain=one_plus", "model.logit_softcap=30", "train.qk_clip=100"),
+            "rmsnorm-gain_one_plus-softcap30-qkclip100",
+        ),
+        (("train.weight_decay_mode=independent", "model.outer_norm=rmsnorm"), "rmsnorm-wd_independent-outer_rmsnorm"),
+        (("+variant=rmsnorm_deepnorm",), "rmsnorm-deepnorm"),
+    ],
+)
+def test_the_label_names_each_switch_away_from_its_default(overrides, label):
+    cfg = compose_config(*overrides)
+    assert cfg.variant == label
+    assert cfg.run_name == f"{cfg.model.name}-{label}-s0"  # a switch is readable in the name: no hash
+
+
+def test_every_switch_is_a_readable_run_name_key():
+    assert {switch.key for switch in SWITCHES} <= set(RUN_NAME_KEYS) and set(label_keys()) <= set(RUN_NAME_KEYS)
