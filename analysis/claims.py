@@ -1,31 +1,39 @@
-"""Claims declared as data, evaluated on a study's runs.
+"""Claims declared as data, and the one rule that turns a study's runs into their verdicts.
 
-A study's spec lists its claims (configs/study/stability.yaml); each names the
-paper's finding, two arms by config fields (never by parts of a label), a statistic and the
-direction the paper expects:
+A study's spec lists its claims (configs/study/stability.yaml); each names the paper's finding,
+two arms by config fields (never by parts of a label), a statistic, the direction the paper
+expects, and the preconditions under which the paper's finding applies:
 
     - claim: QK-norm lowers the learning-rate sensitivity
       source: Wortsman et al. 2023, arXiv 2309.14322
       statistic: lr_sensitivity        # one of analysis.study.STATISTICS
       arm: {norm.qk: rmsnorm}          # the variant whose runs have these config values
       against: {norm.qk: null}
-      expect: lower                    # lower | higher | similar (within `margin`)
+      expect: lower                    # lower | higher | similar (within `margin`, by equivalence test)
+      fixed_by: []                     # configs in which the statistic is bounded by construction
+      regime: {}                       # the paper's regime, e.g. {model.n_layers: {min: 12}}
 
-The verdict follows the interval of the paired difference (arm minus against, runs paired by
-seed): ``agrees`` or ``disagrees`` only when the 95% interval excludes the other outcome,
-``inconclusive`` otherwise (one seed gives no interval), ``not tested`` when an arm is not in the
-runs, did not train, or the claim says why (``not_tested: the paper's recipe was not run``).
+The rule, the same for every claim and decided by the engine, never by hand:
+
+1. **not tested** when an arm is not in the runs; did not train; has its best rate at an edge of the
+   rates it ran; is a configuration in ``fixed_by`` (the statistic is fixed by construction there, so
+   a difference is no finding); or lies outside the paper's ``regime`` (compared with its own config).
+   The reason says which, with the numbers.
+2. Otherwise the per-seed paired differences (arm minus against, on the seeds both arms have in the
+   role the statistic needs) go through ``analysis.stats.paired_comparison``: **agrees**,
+   **disagrees** or **inconclusive**, with the 95% interval and the p-value of the same test.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional  # noqa: UP035  # OmegaConf reads these annotations (the config schema)
+from typing import Any, Dict, List  # noqa: UP035  # OmegaConf reads these annotations (the study spec schema)
 
 from analysis.results import Result, read_plan
 from analysis.runs import RunsError
-from analysis.stats import bootstrap_ci, paired_p_value
-from analysis.study import STATISTICS, Study
+from analysis.stats import paired_comparison
+from analysis.study import STATISTICS, Study, matches, per_seed, seeds_for
+from training.run_record import flatten
 
-# ruff: noqa: UP006, UP045
+# ruff: noqa: UP006
 
 EXPECTATIONS = ("lower", "higher", "similar")
 
@@ -41,80 +49,113 @@ class Claim:
     against: Dict[str, Any] = field(default_factory=dict)  # and the variant it is compared with
     expect: str = "lower"  # lower | higher | similar: the arm's statistic against the other's
     margin: float = 0.0  # for expect: similar, the largest difference that still counts as similar
-    not_tested: Optional[str] = None  # why this study cannot test the claim, if it cannot
+    # Configurations (config fields, as arm and against) in which the statistic is bounded by
+    # construction: an arm that is one of them cannot test the claim.
+    fixed_by: List[Dict[str, Any]] = field(default_factory=list)
+    # The paper's regime: {dotted config key: {min: x} and/or {max: y}}, checked on both arms' configs.
+    regime: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.expect not in EXPECTATIONS:
             raise ValueError(
                 f"claim {self.claim!r}: expect must be one of {', '.join(EXPECTATIONS)}, got {self.expect!r}"
             )
+        if self.expect == "similar" and not self.margin > 0:
+            raise ValueError(
+                f"claim {self.claim!r}: expect: similar needs a margin > 0 (the largest similar difference)"
+            )
 
 
-def verdict(expect: str, ci: Optional[tuple], margin: float = 0.0) -> str:
-    """agrees / disagrees / inconclusive from the 95% interval of arm minus against."""
-    if ci is None:
-        return "inconclusive"
-    low, high = ci
-    if expect == "lower":
-        return "agrees" if high < 0 else "disagrees" if low > 0 else "inconclusive"
-    if expect == "higher":
-        return "agrees" if low > 0 else "disagrees" if high < 0 else "inconclusive"
-    if -margin <= low and high <= margin:
-        return "agrees"
-    return "disagrees" if low > margin or high < -margin else "inconclusive"
+def outside_regime(claim: Claim, config: dict) -> str | None:
+    """Why a run config lies outside the claim's regime (``model.n_layers = 4, the paper's from 12``), or None."""
+    flat = flatten(config)
+    for key, bounds in claim.regime.items():
+        value = flat.get(key)
+        low, high = bounds.get("min"), bounds.get("max")
+        if value is None or (low is not None and value < low) or (high is not None and value > high):
+            paper = " to ".join(f"{b:g}" for b in (low, high) if b is not None)
+            return f"{key} = {value}, where the paper's finding is for {'from ' if high is None else ''}{paper}"
+    return None
+
+
+def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str | None) -> str | None:
+    """The reason a claim is not tested on these runs, or None when it is (the engine's one rule)."""
+    missing = [str(fields) for fields, v in ((claim.arm, arm), (claim.against, against)) if v is None]
+    if missing:
+        return f"no variant in these runs has {' or '.join(missing)}"
+    untrained = sorted({arm, against} & study.untrained)
+    if untrained:
+        return f"{', '.join(untrained)} did not train at any rate here"
+    at_edge = sorted(v for v in (arm, against) if not study.best_inside(v))
+    if at_edge:
+        return f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known"
+    for variant in (arm, against):
+        config = flatten(study.config(variant))
+        bound = next((fields for fields in claim.fixed_by if matches(config.__getitem__, fields)), None)
+        if bound is not None:
+            return f"{claim.statistic} is bounded by construction in {variant} ({bound}), so a difference is no finding"
+        if (why := outside_regime(claim, study.config(variant))) is not None:
+            return f"outside the paper's regime: {variant} has {why}"
+    return None
 
 
 def evaluate_claim(claim: Claim, study: Study) -> dict:
-    """The claim with both arms' statistic, their paired difference (95% bootstrap interval over
-    seeds, paired t-test p-value) and the verdict that the interval supports. A claim that says why
-    it is not tested (``not_tested:``) keeps its numbers where they exist, and that verdict."""
+    """The claim with both arms' statistic (the mean over the seeds compared), the paired difference's
+    95% interval, the p-value and the verdict of one paired comparison; or "not tested" and its reason."""
     if claim.statistic not in STATISTICS:
         raise RunsError(f"claim {claim.claim!r}: unknown statistic {claim.statistic!r}; one of {', '.join(STATISTICS)}")
-    result = {"claim": claim.claim, "source": claim.source, "statistic": claim.statistic, "expect": claim.expect}
+    statistic = STATISTICS[claim.statistic]
     arm, against = study.variant_with(claim.arm), study.variant_with(claim.against)
-    result.update(arm=arm, against=against)
-
-    def not_tested(why: str) -> dict:
-        return {**result, "verdict": "not tested", "why": claim.not_tested or why}
-
-    missing = [str(fields) for fields, v in ((claim.arm, arm), (claim.against, against)) if v is None]
-    if missing:
-        return not_tested(f"no variant in these runs has {' or '.join(missing)}")
-    untrained = sorted({arm, against} & study.untrained)
-    if untrained:
-        return not_tested(f"{', '.join(untrained)} did not train at any rate here, so the study cannot show this")
-    at_edge = sorted(v for v in (arm, against) if not study.best_inside(v))
-    if at_edge:
-        return not_tested(f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known")
-    stat = STATISTICS[claim.statistic]
-    seeds = [s for s in study.seeds if stat(study, arm, [s]) is not None and stat(study, against, [s]) is not None]
+    result = {
+        "claim": claim.claim,
+        "source": claim.source,
+        "statistic": claim.statistic,
+        "read": statistic.where,
+        "expect": claim.expect,
+        "margin": claim.margin,
+        "arm": arm,
+        "against": against,
+    }
+    reason = preconditions_fail(claim, study, arm, against)
+    if reason is not None:
+        return {**result, "verdict": "not tested", "reason": reason}
+    candidates = seeds_for(study, statistic, arm, against)
+    seeds = [
+        s
+        for s in candidates
+        if len(per_seed(study, statistic, arm, [s]) + per_seed(study, statistic, against, [s])) == 2
+    ]
     if not seeds:
-        return not_tested(f"no seed has {claim.statistic} for both arms")
-    a, b = stat(study, arm, seeds), stat(study, against, seeds)
-
-    def difference(sample) -> float:
-        seeds_drawn = [int(s) for s in sample]
-        return stat(study, arm, seeds_drawn) - stat(study, against, seeds_drawn)
-
-    ci = bootstrap_ci(seeds, difference, resamples=2000) if len(seeds) > 1 else None
-    p = paired_p_value([stat(study, arm, [s]) for s in seeds], [stat(study, against, [s]) for s in seeds])
-    result.update(value_arm=a, value_against=b, difference=a - b, ci95=ci, p=p, seeds=len(seeds))
-    if claim.not_tested:
-        return not_tested("")
-    result["verdict"] = verdict(claim.expect, ci, claim.margin)
-    if ci is None:
-        result["why"] = "one seed: no interval"
+        return {
+            **result,
+            "verdict": "not tested",
+            "reason": f"no {statistic.seeds} seed has {claim.statistic} in both arms",
+        }
+    values_arm, values_against = per_seed(study, statistic, arm, seeds), per_seed(study, statistic, against, seeds)
+    comparison = paired_comparison([a - b for a, b in zip(values_arm, values_against)], claim.expect, claim.margin)
+    result.update(
+        value_arm=sum(values_arm) / len(seeds),
+        value_against=sum(values_against) / len(seeds),
+        difference=comparison.difference,
+        ci95=comparison.ci95,
+        p=comparison.p,
+        seeds=seeds,
+        verdict=comparison.verdict,
+    )
+    if comparison.ci95 is None:
+        result["reason"] = "one seed: no interval"
     return result
 
 
 def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Claim]:
-    """The claims the study declares: as scripts/run_study.py recorded them in the study's folder
-    (the experiment config's current ``claims:``), else as the runs' records hold them, once each."""
+    """The claims the study declares: as scripts/run_study.py recorded them in the study's folder (its
+    spec's current ``claims:``), else as runs recorded before studies had specs hold them, once each."""
     plan = read_plan(inputs or [])
     specs = (
         plan["claims"] if plan and "claims" in plan else [c for r in results for c in r.run.config.get("claims") or []]
     )
+    known = set(Claim.__dataclass_fields__)
     found: dict[str, Claim] = {}
-    for spec in specs:
-        found.setdefault(spec["claim"], Claim(**spec))
+    for spec in specs:  # keys a claim no longer has (``not_tested``) are dropped: the rule above decides that
+        found.setdefault(spec["claim"], Claim(**{k: v for k, v in spec.items() if k in known}))
     return list(found.values())

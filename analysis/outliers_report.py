@@ -12,9 +12,10 @@ its probes and the quantized losses) and writes into --out:
 - quant_vs_outliers.png: each scheme's loss increase against the outlier-feature kurtosis and
   against the massive-activation ratio, one point per run (marker = seed);
 - depth.png: the massive-activation ratio and the attention-sink mass against depth, per variant;
-- report.md and outliers.json: per variant the mean of each quantity with a 95% bootstrap interval
+- report.md and outliers.json: per variant the mean of each quantity with a Student's t 95% interval
   over seeds, each variant's w8a8_tensor cost against the baseline's paired by seed, the rank
-  correlation of kurtosis with that cost over runs, and what the data supports.
+  correlation of kurtosis with that cost over variants (seeds averaged) with its p-value, and what
+  the data supports.
 
 Kurtosis is He et al.'s (arXiv 2405.19279): of the residual stream's per-feature RMS, the largest
 over blocks (the block whose inputs are hardest to quantize). The massive-activation ratio is Sun
@@ -34,7 +35,7 @@ from analysis.keys import metric_key
 from analysis.labels import shared_switches, without_switches
 from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs
-from analysis.stats import bootstrap_ci, paired_p_value, rank_correlation
+from analysis.stats import paired_comparison, rank_correlation, t_interval
 from analysis.study import TRAINED_MARGIN
 
 KURTOSIS = metric_key("act/layers.{i}/stream_feature_kurtosis")
@@ -61,6 +62,10 @@ class Point:
     deltas: dict[str, float]
     by_layer: dict[str, list[float]]
     pinned: bool  # the largest activation sits at one (position, feature) in every block
+
+    @property
+    def lr(self) -> float:
+        return float(self.run.config["train"]["lr"])
 
     @property
     def trained(self) -> bool:
@@ -116,29 +121,27 @@ def _by_variant(points: list[Point]) -> dict[str, list[Point]]:
 
 
 def _summary(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "ci95": bootstrap_ci(values), "n": len(values)}
+    return {"mean": statistics.fmean(values), "ci95": t_interval(values), "n": len(values)}
 
 
 def paired_cost(points: list[Point], variant: str, baseline: str, scheme: str) -> dict | None:
     """``variant``'s loss increase under ``scheme`` minus the baseline's, paired by seed."""
+    return paired_difference(points, variant, baseline, lambda p: p.deltas.get(scheme))
+
+
+def paired_difference(points: list[Point], variant: str, baseline: str, value) -> dict | None:
+    """``value(point)`` of ``variant`` minus the baseline's, paired by seed: mean, 95% interval, p."""
     grouped = _by_variant(points)
     if variant not in grouped or baseline not in grouped:
         return None
-    base = {p.seed: p.deltas.get(scheme) for p in grouped[baseline]}
+    base = {p.seed: value(p) for p in grouped[baseline]}
     pairs = [
-        (p.deltas[scheme], base[p.seed])
-        for p in grouped[variant]
-        if base.get(p.seed) is not None and scheme in p.deltas
+        (value(p), base[p.seed]) for p in grouped[variant] if base.get(p.seed) is not None and value(p) is not None
     ]
     if not pairs:
         return None
-    diffs = [a - b for a, b in pairs]
-    return {
-        "difference": statistics.fmean(diffs),
-        "ci95": bootstrap_ci(diffs),
-        "p": paired_p_value(*zip(*pairs)),
-        "seeds": len(pairs),
-    }
+    comparison = paired_comparison([a - b for a, b in pairs], "higher")
+    return {"difference": comparison.difference, "ci95": comparison.ci95, "p": comparison.p, "seeds": len(pairs)}
 
 
 def summarize(points: list[Point], baseline: str) -> dict:
@@ -154,18 +157,23 @@ def summarize(points: list[Point], baseline: str) -> dict:
             "delta": {s: _summary([p.deltas[s] for p in runs if s in p.deltas]) for s in SCHEMES},
             "vs_baseline": paired_cost(points, variant, baseline, PER_TENSOR) if variant != baseline else None,
         }
-    counted = [p for p in points if PER_TENSOR in p.deltas and p.trained]  # an untrained model's outliers say nothing
-    kurt = [p.kurtosis for p in counted]
-    cost = [p.deltas[PER_TENSOR] for p in counted]
-    massive = [p.massive_ratio for p in counted]
+    # One point per variant (its seeds averaged): the variant is the unit that varies, its seeds are not
+    # independent points. An untrained model's outliers say nothing.
+    counted = [v for v in variants.values() if v["trained"] and v["delta"][PER_TENSOR]["n"]]
+    cost = [v["delta"][PER_TENSOR]["mean"] for v in counted]
+    correlation = {
+        name: dict(zip(("rho", "p"), found))
+        if (found := rank_correlation([v[name]["mean"] for v in counted], cost))
+        else None
+        for name in ("kurtosis", "massive_ratio")
+    }
     return {
         "baseline": baseline,
+        "learning_rates": sorted({p.lr for p in points}),
+        # the positive control's premise: its outlier features are heavier than the baseline's
+        "control_kurtosis": paired_difference(points, POSITIVE_CONTROL, baseline, lambda p: p.kurtosis),
         "variants": variants,
-        "rank_correlation": {
-            "kurtosis_vs_" + PER_TENSOR: rank_correlation(kurt, cost),
-            "massive_ratio_vs_" + PER_TENSOR: rank_correlation(massive, cost),
-            "runs": len(cost),
-        },
+        "rank_correlation": {**{f"{k}_vs_{PER_TENSOR}": v for k, v in correlation.items()}, "variants": len(counted)},
     }
 
 
@@ -227,7 +235,19 @@ def conclusions(summary: dict) -> list[str]:
     variants, baseline = summary["variants"], summary["baseline"]
     lines = []
     untrained = [v for v, e in variants.items() if not e["trained"]]
+    lrs = summary["learning_rates"]
+    lines.append(
+        f"Every run trained at lr {', '.join(f'{lr:g}' for lr in lrs)}, not at each variant's own best rate: the "
+        "costs below are of untuned variants, and a variant's rate is a confound of its cost."
+    )
     control = variants.get(POSITIVE_CONTROL, {}).get("vs_baseline")
+    premise = summary.get("control_kurtosis")
+    if premise and premise["ci95"] and not premise["ci95"][0] > 0:
+        lines.append(
+            f"The positive control's premise does not hold here: {POSITIVE_CONTROL}'s kurtosis minus {baseline}'s is "
+            f"{premise['difference']:+.3g}{interval(premise['ci95'], '+.3g')} (p = {number(premise['p'])}), not "
+            "shown to be higher, so its cost below does not test the outlier link."
+        )
     if control and not {POSITIVE_CONTROL, baseline} & set(untrained):
         ci = control["ci95"]
         k_control, k_base = variants[POSITIVE_CONTROL]["kurtosis"]["mean"], variants[baseline]["kurtosis"]["mean"]
@@ -273,11 +293,14 @@ def conclusions(summary: dict) -> list[str]:
     rho = summary["rank_correlation"]
     kurt, massive = rho["kurtosis_vs_" + PER_TENSOR], rho["massive_ratio_vs_" + PER_TENSOR]
     if kurt is None or massive is None:
-        lines.append(f"Too few runs that trained ({rho['runs']}) for a rank correlation with the {PER_TENSOR} cost.")
+        lines.append(
+            f"Too few variants that trained ({rho['variants']}) for a rank correlation with the {PER_TENSOR} cost."
+        )
     else:
         lines.append(
-            f"Over the {rho['runs']} runs that trained, the rank correlation with the {PER_TENSOR} loss increase "
-            f"is {kurt:+.2f} for kurtosis and {massive:+.2f} for the massive-activation ratio."
+            f"Over the {rho['variants']} variants that trained (each its seeds' mean), Spearman's rho with the "
+            f"{PER_TENSOR} loss increase is {kurt['rho']:+.2f} (p = {kurt['p']:.2g}) for kurtosis and "
+            f"{massive['rho']:+.2f} (p = {massive['p']:.2g}) for the massive-activation ratio."
         )
     return lines
 
@@ -316,7 +339,7 @@ def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path
 
 {len(points)} runs ({len({p.variant for p in points})} variants x seeds), each evaluated in float and under
 {", ".join(SCHEMES)} (model/quantize.py: the blocks' linear layers fake-quantized; embeddings and head in float).
-Δ: quantized minus float validation loss (nats). Means over seeds with 95% bootstrap intervals.
+Δ: quantized minus float validation loss (nats). Means over seeds with Student's t 95% intervals.
 
 {chr(10).join(table)}
 

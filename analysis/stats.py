@@ -67,14 +67,30 @@ def bootstrap_ci(
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Spearman's rho (ties share their mean rank); None below three pairs or where either side is constant."""
+def rank_correlation(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
+    """Spearman's rho (ties share their mean rank) and its two-sided p-value; None below three pairs or where
+    either side is constant. Pass one value per unit that varies (a variant, its seeds averaged), never
+    seeds as if they were independent units."""
     if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
         return None
-    return float(stats.spearmanr(a, b).statistic)
+    result = stats.spearmanr(a, b)
+    return float(result.statistic), float(result.pvalue)
 
 
-VERDICTS = ("agrees", "disagrees", "inconclusive")
+def _no_spread(data: np.ndarray) -> bool:
+    """Values equal up to float rounding (a difference computed two ways), where t is infinite or undefined."""
+    return float(np.ptp(data)) <= 1e-12 * max(1.0, float(np.abs(data).max()))
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """Student's t 95% interval of the mean of ``values`` (None below two; a point where they are all equal)."""
+    data = np.asarray(values, dtype=float)
+    if data.size < 2:
+        return None
+    if _no_spread(data):
+        return float(data.mean()), float(data.mean())
+    low, high = stats.ttest_1samp(data, 0.0).confidence_interval(0.95)
+    return float(low), float(high)
 
 
 @dataclass(frozen=True)
@@ -108,7 +124,7 @@ def paired_comparison(differences: Sequence[float], expect: str, margin: float =
     if d.size < 2:
         return Comparison("inconclusive", float(d.mean()) if d.size else None, None, None, int(d.size))
     mean = float(d.mean())
-    if np.all(d == d[0]):  # no spread: the t statistic is infinite (or undefined at zero)
+    if _no_spread(d):  # the t statistic is infinite (or undefined at zero)
         ci, p_two = (mean, mean), (1.0 if mean == 0 else 0.0)
         p_tost = 0.0 if abs(mean) < margin else 1.0
     else:

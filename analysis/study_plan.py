@@ -3,15 +3,16 @@
 A study's grid is its Hydra sweep (``+variant`` variants x ``train.lr`` rates); ``plan:`` in the
 study's spec says what comes after it (configs/study/stability.yaml):
 
-1. the grid: every variant at every rate with one seed, the headline variants with
-   ``headline_seeds``;
+1. the grid: every variant at every rate with its selection seeds (``headline_seeds`` for the
+   variants a claim compares, ``selection_seeds`` for the others), the same seeds for all;
 2. the edges: a variant whose best rate is the lowest (highest) rate it ran at gets the next
-   half-decade below (above), for that variant alone, at most ``extra_rates`` per side;
-3. the seeds: ``best_rate_seeds`` seeds at each variant's best rate.
+   half-decade below (above) with its selection seeds, at most ``extra_rates`` per side;
+3. the report seeds: ``report_seeds`` further seeds, the same for every variant, at each variant's
+   best rate. They report its loss there and never chose the rate.
 
-The best rate is chosen on the seeds every rate of the variant has (its grid seeds), so seeds added
-at the best rate cannot move it. Each stage is a pure function of the finished runs, so rerunning
-the study recomputes where it stands and trains only what is missing.
+The best rate is chosen on the selection seeds alone, so the report seeds cannot move it and the
+loss they report is free of the luck that chose it. Each stage is a pure function of the finished
+runs, so rerunning the study recomputes where it stands and trains only what is missing.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from typing import List  # noqa: UP035  # OmegaConf reads these annotations (the
 class StudyPlan:
     """The schema of ``plan:`` in a study's spec (analysis/study_spec.py)."""
 
-    headline: List[str] = field(default_factory=list)  # +variant variants run with headline_seeds at every rate
-    headline_seeds: int = 3
-    best_rate_seeds: int = 5
+    headline: List[str] = field(default_factory=list)  # the +variant options a claim compares
+    headline_seeds: int = 5  # selection seeds of the headline variants, at every rate
+    selection_seeds: int = 3  # selection seeds of every other variant, at every rate
+    report_seeds: int = 5  # further seeds at each variant's best rate, which report its loss there
     extra_rates: int = 2  # half-decades past an edge of the grid, per variant and side, at most
     seconds_per_run: float = 60.0  # one run's time, for the estimate before any run has finished
 
@@ -54,7 +56,14 @@ def half_decade(lr: float, up: bool) -> float:
 
 
 def grid_seeds(plan: StudyPlan, variant: str) -> list[int]:
-    return list(range(plan.headline_seeds if variant in plan.headline else 1))
+    """The seeds that choose ``variant``'s best rate: they run at every rate it runs at."""
+    return list(range(plan.headline_seeds if variant in plan.headline else plan.selection_seeds))
+
+
+def report_seeds(plan: StudyPlan) -> list[int]:
+    """The seeds that report every variant's loss at its best rate: after every variant's selection seeds."""
+    first = max(plan.headline_seeds if plan.headline else 0, plan.selection_seeds)
+    return list(range(first, first + plan.report_seeds))
 
 
 def best_rate(losses: dict[tuple[float, int], float], seeds: list[int]) -> float | None:
@@ -81,12 +90,9 @@ def next_jobs(plan: StudyPlan, variant: str, rates: list[float], losses: dict[tu
         if best == edge and len(beyond) < plan.extra_rates:
             lr = half_decade(edge, up)
             return [Job(variant, lr, s) for s in seeds]
-    return [Job(variant, best, s) for s in range(plan.best_rate_seeds) if (best, s) not in losses]
+    return [Job(variant, best, s) for s in report_seeds(plan) if (best, s) not in losses]
 
 
 def planned_runs(plan: StudyPlan, variants: list[str], rates: list[float]) -> int:
-    """How many runs the study trains when no variant needs edge rates (each adds its grid seeds)."""
-    return sum(
-        len(rates) * len(grid_seeds(plan, v)) + max(0, plan.best_rate_seeds - len(grid_seeds(plan, v)))
-        for v in variants
-    )
+    """How many runs the study trains when no variant needs edge rates (each edge adds its selection seeds)."""
+    return sum(len(rates) * len(grid_seeds(plan, v)) + plan.report_seeds for v in variants)

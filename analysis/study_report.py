@@ -12,45 +12,35 @@ metrics are named and skipped) and writes into --out:
 
 - loss_vs_lr.png: final validation loss and bits per byte against learning rate, one curve per
   variant, diverged runs marked at the initial loss;
-- report.md: per variant the best learning rate and loss (mean ± std over seeds, Welch's p
-  against the baseline from two seeds up), the LR sensitivity, divergences, the speed table when
-  --speed names a scripts/bench_variants.py result, and the claims the experiment config
-  declares (analysis/claims.py), each with its statistic, interval and verdict;
+- report.md and study.json: per variant its rates, the best rate its selection seeds chose, the
+  held-out loss its report seeds give there (paired against the baseline's), its LR sensitivity,
+  divergences; the speed table when --speed names a scripts/bench_variants.py result; and the claims
+  of the study's spec (analysis/claims.py), each with its statistic, interval, p-value and verdict.
+  Every sentence of report.md is written from a number in study.json;
 - attention_logits.png: the largest attention logit against step, at the highest learning rate
-  the baseline survives and the next one up;
+  at which the baseline trained and the next one up;
 - depth.png: the residual stream's RMS, the massive-activation ratio and the attention-sink mass
   against depth at the end of training;
 - feature_kurtosis.png: the outlier-feature kurtosis of the residual stream over training.
-
-LR sensitivity (Wortsman et al., Sec. 3.1): the mean over the learning-rate grid of
-``min(final loss, initial loss) - best loss``, where a diverged run counts as the initial loss
-and the initial loss is that of the untrained model, ln(vocabulary size).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from analysis.claims import claims_of, evaluate_claim
 from analysis.format import interval, number
 from analysis.labels import shared_switches
-from analysis.results import HELDOUT_LOSS, by_model, load_results, planned_grid
+from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid
 from analysis.runs import BASELINE, RunsError
-from analysis.stats import bootstrap_ci
-from analysis.study import (
-    TRAINED_MARGIN,
-    UNTRAINED_GAP,
-    Study,
-    against_baseline,
-    explanation,
-    heldout_best_loss,
-    seed_interval,
-)
+from analysis.stats import paired_comparison, t_interval
+from analysis.study import STATISTICS, TRAINED_MARGIN, UNTRAINED_GAP, Study, explanation, per_seed, seeds_for
 from analysis.study_figures import plot_attention_logits, plot_depth_and_kurtosis, plot_loss_vs_lr
+
+SENSITIVITY, BEST_LOSS = STATISTICS["lr_sensitivity"], STATISTICS["best_loss"]
 
 
 def speed_table(path: Path | None, variants: list[str]) -> str:
@@ -77,104 +67,146 @@ def speed_table(path: Path | None, variants: list[str]) -> str:
     return "\n".join(lines)
 
 
+def against_baseline(study: Study, variant: str) -> dict:
+    """The variant's held-out best loss minus the baseline's, each at its own best rate, paired by the
+    report seeds both have: the mean difference, its 95% interval and the paired p-value."""
+    seeds = seeds_for(study, BEST_LOSS, variant, study.baseline)
+    diffs = [study.best_loss(variant, [s]) - study.best_loss(study.baseline, [s]) for s in seeds]
+    if not diffs:
+        return {"difference": None, "ci95": None, "p": None, "seeds": []}
+    comparison = paired_comparison(diffs, "lower")
+    return {"difference": comparison.difference, "ci95": comparison.ci95, "p": comparison.p, "seeds": seeds}
+
+
+def variant_json(study: Study, name: str) -> dict:
+    summary = study.summaries[name]
+    report = summary.report_seeds
+    best = per_seed(study, BEST_LOSS, name, report)
+    sensitivities = per_seed(study, SENSITIVITY, name, summary.selection_seeds)
+    return {
+        "rates": summary.rates,
+        "best_lr": summary.best_lr,
+        "best_lr_inside": study.best_inside(name),
+        "selection_seeds": summary.selection_seeds,
+        "report_seeds": report,
+        "selection_loss_by_lr": {f"{lr:g}": loss for lr, loss in summary.losses_by_lr.items()},
+        "best_loss": {
+            "mean": sum(best) / len(best) if best else None,
+            "ci95": t_interval(best),
+            "seeds": len(best),
+            "measured_on": "heldout/loss of the report seeds" if best else "no report seeds yet",
+        },
+        "against_baseline": against_baseline(study, name) if name != study.baseline else None,
+        "lr_sensitivity": {
+            "value": sum(sensitivities) / len(sensitivities) if sensitivities else None,
+            "ci95": t_interval(sensitivities),
+            "seeds": len(sensitivities),
+        },
+        "trained": name not in study.untrained,
+        "diverged_at_lr": summary.diverged,
+        "symptoms": explanation(study, name),
+    }
+
+
+def seed_summary(data: dict) -> str:
+    """The seed sets, once each: ``selection 0-4, report 5-9 (12 variants); selection 0-2, report 5-9 (3)``."""
+    groups: dict[str, int] = {}
+    for v in data["variants"].values():
+        key = f"selection {seed_range(v['selection_seeds'])}, report {seed_range(v['report_seeds'])}"
+        groups[key] = groups.get(key, 0) + 1
+    return "; ".join(f"{key} ({n} variant{'s' if n > 1 else ''})" for key, n in groups.items())
+
+
+def seed_range(seeds: list[int]) -> str:
+    if not seeds:
+        return "none"
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
+
+
 def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
-    """The study's machine-readable results (study.json)."""
-    variants = {}
-    for name, summary in study.summaries.items():
-        best, best_key = heldout_best_loss(study, name)
-        variants[name] = {
-            "best_lr": summary.best_lr,
-            "rates": summary.rates,
-            "best_lr_inside": study.best_inside(name),
-            "grid_seeds": summary.grid_seeds,
-            "best_loss": {
-                "mean": statistics.fmean(best) if best else None,
-                "ci95": bootstrap_ci(best) if len(best) > 1 else None,
-                "seeds": len(best),
-                "measured_on": best_key,
-            },
-            "lr_sensitivity": {
-                "value": summary.sensitivity,
-                "ci95": seed_interval(study, Study.lr_sensitivity, name),
-            },
-            "trained": name not in study.untrained,
-            "explanation": explanation(study, name),
-        }
+    """The study's machine-readable results (study.json): every number the report states."""
     return {
         "metric": metric,
         "initial_loss": study.results[0].initial_loss,
         "unigram_loss": study.unigram_loss,
+        "trained_line": None if study.unigram_loss is None else study.unigram_loss - TRAINED_MARGIN,
         "learning_rates": study.grid,
+        "baseline": study.baseline,
+        "reference_lr": study.reference_lr,
         "cells": [
-            {"variant": r.variant, "lr": r.lr, "seed": r.seed, "loss": r.final, "diverged": r.diverged_at is not None}
+            {
+                "variant": r.variant,
+                "lr": r.lr,
+                "seed": r.seed,
+                "loss": r.final,
+                "heldout_loss": heldout_loss(r),
+                "diverged": r.diverged_at is not None,
+            }
             for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
         ],
-        "variants": variants,
+        "variants": {name: variant_json(study, name) for name in study.summaries},
         "claims": [{**c, "ci95": list(c["ci95"]) if c.get("ci95") else None} for c in evaluated],
     }
 
 
-def claims_table(evaluated: list[dict]) -> str:
-    if not evaluated:
-        return "These runs' experiment config declares no claims (`claims:` in configs/experiment/)."
+def claims_table(claims: list[dict]) -> str:
+    if not claims:
+        return "The study's spec declares no claims (`claims:` in configs/study/<name>.yaml)."
     lines = [
-        "| claim | source | statistic | arm vs against | arm − against [95% CI] | paired p | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| claim | source | statistic, where | arm vs against (mean over the seeds compared) | arm − against [95% CI] "
+        "| p | seeds | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for c in evaluated:
-        ci = f" [{c['ci95'][0]:+.3g}, {c['ci95'][1]:+.3g}]" if c.get("ci95") else ""
-        numbers = (
-            f"{number(c['value_arm'])} vs {number(c['value_against'])}" if "value_arm" in c else "–",
-            f"{c['difference']:+.3g}{ci}" if "difference" in c else "–",
-        )
-        why = f" ({c['why']})" if c.get("why") else ""
+    for c in claims:
+        values = f"{number(c['value_arm'])} vs {number(c['value_against'])}" if "value_arm" in c else "–"
+        difference = f"{c['difference']:+.3g}{interval(c.get('ci95'), '+.3g')}" if "difference" in c else "–"
+        reason = f" ({c['reason']})" if c.get("reason") else ""
+        expect = c["expect"] + (f" within ±{c['margin']:g}" if c["expect"] == "similar" else "")
         lines.append(
-            f"| {c['claim']} (expect {c['expect']}) | {c['source']} | {c['statistic']} | {c['arm']} vs {c['against']}: "
-            f"{numbers[0]} | {numbers[1]} | {number(c.get('p'))} | **{c['verdict']}**{why} |"
+            f"| {c['claim']} (expect {expect}) | {c['source']} | {c['statistic']}, {c['read']} | "
+            f"{c['arm']} vs {c['against']}: {values} | {difference} | {number(c.get('p'))} | "
+            f"{len(c.get('seeds', []))} | **{c['verdict']}**{reason} |"
         )
     return "\n".join(lines)
 
 
-def observations(study: Study) -> list[str]:
-    """What the numbers show for every variant, before any claim."""
-    summaries, baseline = study.summaries, study.baseline
-    base = summaries[baseline]
-    ranked = sorted(summaries.values(), key=lambda s: s.sensitivity)
+def observations(data: dict) -> list[str]:
+    """What the numbers show for every variant before any claim, each sentence from a number in ``data``."""
+    variants, baseline = data["variants"], data["baseline"]
+    trained = {name: v for name, v in variants.items() if v["trained"]}
+    ranked = sorted(trained, key=lambda name: trained[name]["lr_sensitivity"]["value"])
     lines = [
-        "LR sensitivity over the common grid, lowest first: "
+        "LR sensitivity over the common grid (the mean of each selection seed's own value), lowest first, among the "
+        "variants that trained: "
         + ", ".join(
-            f"{s.variant} {s.sensitivity:.3f}" + (" (did not train)" if s.variant in study.untrained else "")
-            for s in ranked
+            f"{name} {trained[name]['lr_sensitivity']['value']:.3f}{interval(trained[name]['lr_sensitivity']['ci95'])}"
+            f" ({trained[name]['lr_sensitivity']['seeds']} seeds)"
+            for name in ranked
         )
-        + f". The baseline ({baseline}) reaches its best at lr {base.best_lr:g}."
+        + ". Intervals that overlap do not rank two variants."
     ]
-    if study.untrained:
+    untrained = sorted(set(variants) - set(trained))
+    if untrained:
         rule = (
-            f"not {TRAINED_MARGIN} nats below the unigram loss of the validation windows ({study.unigram_loss:.3f})"
-            if study.unigram_loss is not None
+            f"not {TRAINED_MARGIN} nats below the unigram loss of the validation windows ({data['unigram_loss']:.3f})"
+            if data["unigram_loss"] is not None
             else f"more than {UNTRAINED_GAP} nats above {baseline}'s"
         )
         lines.append(
-            f"{', '.join(sorted(study.untrained))}: best loss {rule} at every learning rate, so they did not train "
-            "in this budget; their low LR sensitivity means equally poor at every rate, not stable."
+            f"{', '.join(untrained)}: best loss {rule} at every learning rate run, so they did not train in this "
+            "budget; no claim about them is tested, and their LR sensitivity is left out of the ranking."
         )
-    edge = [s.variant for s in summaries.values() if not s.rates[0] < s.best_lr < s.rates[-1]]
+    edge = sorted(name for name, v in variants.items() if not v["best_lr_inside"])
     if edge:
-        lines.append(
-            f"Best rate at an edge of the rates run even after the extra rates: {', '.join(edge)}; "
-            "their best loss is an upper bound."
-        )
-    for s in summaries.values():
-        if s.variant == baseline:
+        lines.append(f"Best rate at an edge of the rates run even after the extra rates: {', '.join(edge)}.")
+    for name, v in variants.items():
+        c = v["against_baseline"]
+        if not c or c["difference"] is None:
             continue
-        c = against_baseline(study, s.variant)
-        if c["difference"] is None:
-            continue
-        evidence = f"paired p = {c['p']:.3g}" if c["p"] is not None else "one seed: no interval"
-        diverged = ", ".join(f"{lr:g}" for lr in s.diverged) or "none"
+        evidence = f"p = {c['p']:.3g}" if c["p"] is not None else "one seed: no interval"
         lines.append(
-            f"{s.variant}: held-out best loss {c['difference']:+.3f}{interval(c['ci95'], '+.3f')} against {baseline} "
-            f"over {c['seeds']} paired seeds ({evidence}); diverged at lr {diverged}."
+            f"{name}: held-out loss at its best rate {c['difference']:+.3f}{interval(c['ci95'], '+.3f')} against "
+            f"{baseline}'s at its own, over {len(c['seeds'])} report seeds ({evidence})."
         )
     return lines
 
@@ -190,39 +222,43 @@ def write_report(
     results = models[chosen]
     others = {name: len(rs) for name, rs in models.items() if name != chosen}
     study = Study(results, baseline, planned_grid(inputs))
-    summaries, lrs, seeds = study.summaries, study.lrs, study.seeds
+    summaries, lrs = study.summaries, study.lrs
     evaluated = [evaluate_claim(claim, study) for claim in claims_of(results, inputs)]
     out.mkdir(parents=True, exist_ok=True)
     plot_loss_vs_lr(results, out / "loss_vs_lr.png")
-    survived, above = study.survived_lr, study.lr_above
-    plot_attention_logits(results, [lr for lr in (survived, above) if lr is not None], out / "attention_logits.png")
+    reference = study.reference_lr
+    above = next((lr for lr in study.grid if reference is not None and lr > reference), None)
+    logit_rates = [lr for lr in (reference, above) if lr is not None]
+    if logit_rates:
+        plot_attention_logits(results, logit_rates, out / "attention_logits.png")
     base = summaries[baseline]
     plot_depth_and_kurtosis(results, base.best_lr, out / "depth.png", out / "feature_kurtosis.png")
 
+    data = study_json(study, metric, evaluated)
     table = [
-        f"| variant | best lr (rates run) | held-out loss at best lr [95% CI] (seeds) | Δ vs {baseline}, paired [95% CI] "
-        "| LR sensitivity [95% CI] | trained | diverged at lr | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |",
+        f"| variant | best lr (rates run) | held-out loss at best lr [95% CI] (report seeds) | Δ vs {baseline} [95% CI] "
+        "| LR sensitivity [95% CI] (selection seeds) | trained | diverged at lr | "
+        + " | ".join(f"lr {lr:g}" for lr in lrs)
+        + " |",
         "|---|---|---|---|---|---|---|" + "---|" * len(lrs),
     ]
-    data = study_json(study, metric, evaluated)
-    variants_json = data["variants"]
-    for s in summaries.values():
-        v = variants_json[s.variant]
-        best, sens = v["best_loss"], v["lr_sensitivity"]
-        c = against_baseline(study, s.variant) if s.variant != baseline else None
+    for name, v in data["variants"].items():
+        best, sens, c = v["best_loss"], v["lr_sensitivity"], v["against_baseline"]
         delta = "–" if not c or c["difference"] is None else f"{c['difference']:+.3f}{interval(c['ci95'], '+.3f')}"
-        rates = f"{s.rates[0]:g}–{s.rates[-1]:g}" + ("" if v["best_lr_inside"] else ", at an edge")
-        cells = [f"{s.losses_by_lr[lr]:.3f}" if lr in s.losses_by_lr else "" for lr in lrs]
+        rates = f"{v['rates'][0]:g}–{v['rates'][-1]:g}" + ("" if v["best_lr_inside"] else ", at an edge")
+        cells = [number(v["selection_loss_by_lr"].get(f"{lr:g}"), ".3f") if lr in v["rates"] else "" for lr in lrs]
         table.append(
-            f"| {s.variant} | {s.best_lr:g} ({rates}) | {best['mean']:.3f}{interval(best['ci95'])} ({best['seeds']}) | "
-            f"{delta} | {sens['value']:.3f}{interval(sens['ci95'])} | {'yes' if v['trained'] else '**no**'} | "
-            f"{', '.join(f'{lr:g}' for lr in s.diverged) or '–'} | " + " | ".join(cells) + " |"
+            f"| {name} | {v['best_lr']:g} ({rates}) | {number(best['mean'], '.3f')}{interval(best['ci95'])} "
+            f"({best['seeds']}) | {delta} | {number(sens['value'], '.3f')}{interval(sens['ci95'])} ({sens['seeds']}) | "
+            f"{'yes' if v['trained'] else '**no**'} | {', '.join(f'{lr:g}' for lr in v['diverged_at_lr']) or '–'} | "
+            + " | ".join(cells)
+            + " |"
         )
     logit_note = (
-        f"at lr {survived:g} (the highest the baseline survives)"
-        + (f" and {above:g} (the next one up)" if above else " (it survives every rate, so there is none above)")
-        if survived
-        else "(the baseline diverged at every rate)"
+        f"at lr {reference:g} (the highest rate at which every selection seed of the baseline trained)"
+        + (f" and {above:g} (the next one up)" if above else " (the highest rate of the grid)")
+        if reference
+        else "(the baseline trained at no rate of the grid)"
     )
     unigram_line = (
         f"unigram loss of the validation windows {study.unigram_loss:.3f} (a variant trained when its best is "
@@ -235,8 +271,11 @@ def write_report(
     report = f"""# Stability study: norm variants across learning rates
 
 {len(results)} runs of {len(summaries)} variants. The common grid: {len(study.grid)} learning rates
-({", ".join(f"{lr:g}" for lr in study.grid)}); further rates where a variant's best sat at an edge; seeds
-{", ".join(map(str, seeds))}, paired across variants (a seed fixes the data order and, where shapes agree, the initial weights).
+({", ".join(f"{lr:g}" for lr in study.grid)}); further rates where a variant's best sat at an edge. Runs of
+one seed share the data order and, where shapes agree, the initial weights, so variants are compared
+paired by seed. Each variant's seeds ({seed_summary(data)}) have two jobs: its **selection seeds** ran every
+rate and chose its best rate; its **report seeds** ran at that rate only, after it was chosen, and report
+its loss there.
 Metric `{metric}` on the selection windows, initial loss ln(vocabulary) = {results[0].initial_loss:.3f},
 {unigram_line}.{recipe}
 
@@ -244,22 +283,27 @@ Metric `{metric}` on the selection windows, initial loss ln(vocabulary) = {resul
 
 {chr(10).join(table)}
 
-Each variant's best rate is chosen on `{metric}` (the selection windows) over the seeds it ran at every
-rate; its loss there is reported on the held-out windows (`{HELDOUT_LOSS}`, disjoint from the selection
-windows), with a 95% bootstrap interval over seeds. Δ: held-out best loss minus the baseline's, paired by
-seed. Per-rate columns: {metric} capped at the initial loss (a diverged run counts as the initial loss),
-mean over seeds. LR sensitivity (Wortsman et al. 2023, Sec. 3.1): mean over the common grid of (capped
-loss − the best of them), on the grid seeds; the interval resamples those seeds.
+Each variant's best rate is chosen on `{metric}` (the selection windows), mean over its selection
+seeds; its loss there is the mean over its report seeds on the held-out windows (`{HELDOUT_LOSS}`,
+disjoint from the selection windows). Δ: that loss minus the baseline's at the baseline's own best rate,
+paired by report seed. Per-rate columns: {metric} capped at the initial loss (a diverged run counts as
+the initial loss), mean over the selection seeds. LR sensitivity (Wortsman et al. 2023, Sec. 3.1): on
+each selection seed's own curve, the mean over the common grid of (capped loss − the best of them); the
+value is the mean over seeds. Every interval is Student's t over seeds (95%), the p-value the paired
+t-test on the same differences.
 
 ## What the numbers show
 
-{chr(10).join("- " + line for line in observations(study))}
+{chr(10).join("- " + line for line in observations(data))}
 
 ## Claims
 
-Each claim as the experiment config declares it (arms chosen by config fields), evaluated on
-these runs: the arm's statistic against the other's, their difference paired by seed with a
-95% bootstrap interval over seeds and a paired t-test, and the verdict the interval supports.
+Each claim as the study's spec declares it (arms chosen by config fields), evaluated by one rule
+(analysis/claims.py): **not tested** when an arm is missing, did not train, has its best rate at an edge,
+is a configuration in which the statistic is bounded by construction, or lies outside the paper's regime;
+otherwise the per-seed differences (arm − against; selection seeds for statistics of the curve, report
+seeds for the loss at the best rate) give the 95% interval, the p-value of the paired t-test (of the two
+one-sided tests against the margin for "similar") and the verdict, which agree: no "agrees" at p ≥ 0.05.
 
 {claims_table(evaluated)}
 
@@ -267,7 +311,7 @@ these runs: the arm's statistic against the other's, their difference paired by 
 
 The largest pre-softmax attention logit (max over layers) against step, {logit_note}:
 
-![attention logits](attention_logits.png)
+{"![attention logits](attention_logits.png)" if logit_rates else ""}
 
 ## The residual stream, massive activations and attention sinks with depth, and outlier features
 

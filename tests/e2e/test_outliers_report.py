@@ -37,7 +37,7 @@ def test_runs_that_did_not_train_are_left_out_of_the_statements(evaluated, tmp_p
     _trained_line(evaluated, 6.0)  # 4 steps of a tiny model are far above 5.7
     report = outliers.write_report([str(evaluated)], tmp_path).read_text()
     assert "prmsnorm, rmsnorm did not train" in report and "Positive control" not in report
-    assert "Too few runs that trained (0)" in report
+    assert "Too few variants that trained (0)" in report
 
 
 def test_the_report_pairs_each_variants_cost_with_the_baselines_and_plots_it(evaluated, tmp_path):
@@ -54,8 +54,15 @@ def test_the_report_pairs_each_variants_cost_with_the_baselines_and_plots_it(eva
     assert data["variants"]["rmsnorm"]["vs_baseline"] is None
     for run in data["runs"]:
         assert run["kurtosis"] > 0 and run["massive_ratio"] >= 1 and 0 <= run["sink_mass"] <= 1
+    premise = data["control_kurtosis"]  # the positive control's premise, paired by seed like its cost
+    kurtosis = {(r["variant"], r["seed"]): r["kurtosis"] for r in data["runs"]}
+    assert premise["difference"] == pytest.approx(
+        sum(kurtosis[("prmsnorm", s)] - kurtosis[("rmsnorm", s)] for s in (0, 1)) / 2
+    )
+    assert data["learning_rates"] == [0.003] and data["rank_correlation"]["variants"] == 2
     report = path.read_text()
-    assert "Positive control: prmsnorm" in report and "rank correlation" in report
+    assert "Positive control: prmsnorm" in report and "untuned" in report
+    assert "Too few variants that trained (2)" in report  # two variants: no correlation at the variant level
     assert (tmp_path / "quant_vs_outliers.png").stat().st_size > 0 and (tmp_path / "depth.png").stat().st_size > 0
 
 

@@ -13,7 +13,7 @@ def _run_study(tmp_path, cache_dir, *extra):
     command = [
         sys.executable, "scripts/run_study.py", "+experiment=stability", "hydra/launcher=basic", *overrides,
         "train.max_steps=3", "data.heldout_windows=2", "+variant=rmsnorm,identity", "train.lr=0.001,0.01",
-        "plan.headline=[]", "plan.best_rate_seeds=3",
+        "plan.headline=[]", "plan.selection_seeds=1", "plan.report_seeds=2",
         "plan.extra_rates=1", f"hydra.sweep.dir={tmp_path / 'runs'}", "--out", str(tmp_path / "report"), *extra,
     ]  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -29,10 +29,10 @@ def test_one_command_runs_the_grid_the_edges_and_the_seeds_then_reports(tmp_path
     data = json.loads((tmp_path / "report" / "study.json").read_text())
     assert data["learning_rates"] == [0.001, 0.01]
     cells = {(c["variant"], c["lr"], c["seed"]) for c in data["cells"]}
-    for variant in ("rmsnorm", "identity"):  # no headline here: the unit tests above cover its extra seeds
+    for variant in ("rmsnorm", "identity"):  # no headline here: the unit tests cover the headline's seeds
         v = data["variants"][variant]
-        assert {(variant, lr, 0) for lr in (0.001, 0.01)} <= cells
-        assert {(variant, v["best_lr"], s) for s in range(3)} <= cells  # best_rate_seeds at its best rate
-        assert len(v["rates"]) <= 2 + 1  # the grid plus at most one rate past an edge
-        assert v["best_loss"]["seeds"] == 3
+        assert {(variant, lr, 0) for lr in v["rates"]} <= cells and len(v["rates"]) <= 2 + 1  # an edge adds one
+        assert (v["selection_seeds"], v["report_seeds"]) == ([0], [1, 2])  # the seed that chose never reports
+        assert {(variant, v["best_lr"], s) for s in (1, 2)} <= cells and v["best_loss"]["seeds"] == 2
+    assert all(c["heldout_loss"] is not None for c in data["cells"])
     assert "nothing to train" in _run_study(tmp_path, cache_dir, "--dry-run")

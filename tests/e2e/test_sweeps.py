@@ -6,9 +6,12 @@ import sys
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from tiny_runs import ROOT, compose_config, read_metrics, tiny_overrides
 
+from analysis.study import matches
 from analysis.study_spec import load_study_spec
+from training.run_record import flatten
 
 STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "variant").glob("*.yaml"))
 
@@ -36,14 +39,21 @@ def _contents(sweep_dir):
     }
 
 
-def test_the_default_grid_is_a_common_grid_of_half_decades_over_wortsmans_range():
+def test_the_default_grid_is_a_common_grid_of_half_decades_that_can_reach_wortsmans_range():
     experiment = yaml.safe_load((ROOT / "configs" / "experiment" / "stability.yaml").read_text())
     params = experiment["hydra"]["sweeper"]["params"]
     variants = params["+variant"].split(",")
     assert set(variants) <= set(STUDY_VARIANTS) and len(variants) >= 6
-    assert {"rmsnorm", "rmsnorm_qk"} <= set(load_study_spec("stability").plan.headline) <= set(variants)
+    spec = load_study_spec("stability")
+    assert {"rmsnorm", "layernorm", "prmsnorm", "rmsnorm_qk"} <= set(spec.plan.headline) <= set(variants)
+    # Every arm a claim compares runs the headline's seeds.
+    labels = claim_arm_labels(spec)
+    arms = {v for v in variants if compose_config(f"+variant={v}").variant in labels}
+    assert arms <= set(spec.plan.headline)
     rates = [float(lr) for lr in params["train.lr"].split(",")]
-    assert len(rates) >= 7 and rates[0] <= 3e-4 and rates[-1] >= 1e-1
+    assert len(rates) >= 5 and rates[0] <= 1e-3 and rates[-1] >= 1e-1
+    # A best rate at an edge gets half-decades beyond it: far enough to reach 3e-4 and 3e-1.
+    assert spec.plan.extra_rates >= 1
     assert all(2.9 < b / a < 3.4 for a, b in zip(rates, rates[1:]))  # half-decades: 1, 3, 10, ...
     train = experiment["train"]
     assert train["weight_decay_mode"] == "independent" and train["warmup_steps"] >= 2 / (1 - 0.95)
@@ -82,7 +92,7 @@ def test_the_gpu_grid_is_the_same_study_on_a_larger_model_and_says_what_it_would
     spec = load_study_spec("stability_gpu")
     assert spec.plan.seconds_per_run == 600 and spec.claims == load_study_spec("stability").claims
     headline = ",".join(spec.plan.headline)
-    assert f"+variant={headline} train.lr=0.0003,0.001,0.003,0.01,0.03,0.1,0.3 seed=0,1,2" in dry.stdout
+    assert f"+variant={headline} train.lr=0.001,0.003,0.01,0.03,0.1 seed=0,1,2,3,4" in dry.stdout
 
 
 def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir):
@@ -103,3 +113,14 @@ def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir)
     before = _contents(tmp_path)
     _sweep(tmp_path, cache_dir, *grid, "cpu_threads=1")  # a resubmission finds the finished runs
     assert _contents(tmp_path) == before
+
+
+def claim_arm_labels(spec) -> set[str]:
+    """The labels of the variants that some claim's arm (or what it is compared with) picks."""
+    labels = set()
+    for path in (ROOT / "configs" / "variant").glob("*.yaml"):
+        cfg = compose_config(f"+variant={path.stem}")
+        flat = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+        if any(matches(flat.__getitem__, fields) for claim in spec.claims for fields in (claim.arm, claim.against)):
+            labels.add(cfg.variant)
+    return labels

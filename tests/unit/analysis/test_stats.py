@@ -41,10 +41,11 @@ def test_welch_p_value_by_hand():
 
 
 def test_rank_correlation_by_hand():
-    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    # ranks 0,1,2,3 against 0,2,1,3: d^2 = 0+1+1+0, rho = 1 - 6*2 / (4*15) = 0.8
-    assert rank_correlation([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40])[0] == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1])[0] == pytest.approx(-1.0)
+    # ranks 0,1,2,3 against 0,2,1,3: d^2 = 0+1+1+0, rho = 1 - 6*2 / (4*15) = 0.8; its t-test with 2 df:
+    # t = rho sqrt(2 / (1 - rho^2)), p = 1 - t / sqrt(t^2 + 2) = 0.2
+    assert rank_correlation([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx((0.8, 0.2))
     assert rank_correlation([1, 2], [1, 2]) is None and rank_correlation([1, 1, 1], [1, 2, 3]) is None
 
 

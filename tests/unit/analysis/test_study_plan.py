@@ -5,10 +5,12 @@ from itertools import product
 import pytest
 from run_study import commands, split_axes
 
-from analysis.study_plan import Job, StudyPlan, best_rate, half_decade, next_jobs
+from analysis.study_plan import Job, StudyPlan, best_rate, half_decade, next_jobs, planned_runs, report_seeds
 
 RATES = [1e-3, 3e-3, 1e-2]
-PLAN = StudyPlan(headline=["base"], headline_seeds=3, best_rate_seeds=5, extra_rates=2)
+# "base" is compared by a claim: 3 selection seeds; "other" 1; every variant then 2 report seeds.
+PLAN = StudyPlan(headline=["base"], headline_seeds=3, selection_seeds=1, report_seeds=2, extra_rates=2)
+REPORT = [3, 4]  # after every variant's selection seeds, the same for all
 
 
 def test_half_decades_step_the_1_3_10_grid():
@@ -25,11 +27,14 @@ def test_the_grid_comes_first_with_the_headline_seeds():
     assert {j.seed for j in next_jobs(PLAN, "base", RATES, half_done)} == {1, 2}
 
 
-def test_an_interior_best_rate_gets_its_seeds():
+def test_an_interior_best_rate_gets_the_report_seeds_which_never_chose_it():
+    assert report_seeds(PLAN) == REPORT
     losses = {(1e-3, 0): 5.2, (3e-3, 0): 4.9, (1e-2, 0): 5.1}
-    assert next_jobs(PLAN, "other", RATES, losses) == [Job("other", 3e-3, s) for s in range(1, 5)]
-    losses.update({(3e-3, s): 4.9 for s in range(1, 5)})
+    assert next_jobs(PLAN, "other", RATES, losses) == [Job("other", 3e-3, s) for s in REPORT]
+    losses.update({(3e-3, s): 4.9 for s in REPORT})
     assert next_jobs(PLAN, "other", RATES, losses) == []
+    base = {(lr, s): loss for s in range(3) for lr, loss in zip(RATES, (5.0, 4.9, 5.1))}
+    assert next_jobs(PLAN, "base", RATES, base) == [Job("base", 3e-3, s) for s in REPORT]
 
 
 def test_a_best_rate_at_an_edge_gets_further_rates_up_to_the_bound_then_its_seeds():
@@ -38,14 +43,19 @@ def test_a_best_rate_at_an_edge_gets_further_rates_up_to_the_bound_then_its_seed
     losses[(3e-4, 0)] = 4.7
     assert next_jobs(PLAN, "other", RATES, losses) == [Job("other", 1e-4, 0)]
     losses[(1e-4, 0)] = 4.6  # still at the edge, but two half-decades past the grid is the bound
-    assert next_jobs(PLAN, "other", RATES, losses) == [Job("other", 1e-4, s) for s in range(1, 5)]
+    assert next_jobs(PLAN, "other", RATES, losses) == [Job("other", 1e-4, s) for s in REPORT]
     high = {(1e-3, 0): 5.3, (3e-3, 0): 5.0, (1e-2, 0): 4.9}
     assert next_jobs(PLAN, "other", RATES, high) == [Job("other", 3e-2, 0)]
 
 
-def test_seeds_added_at_the_best_rate_cannot_move_it():
-    losses = {(1e-3, 0): 5.0, (3e-3, 0): 4.9, (1e-2, 0): 5.1, **{(3e-3, s): 6.0 for s in range(1, 5)}}
+def test_report_seeds_cannot_move_the_best_rate():
+    losses = {(1e-3, 0): 5.0, (3e-3, 0): 4.9, (1e-2, 0): 5.1, **{(3e-3, s): 6.0 for s in REPORT}}
     assert best_rate(losses, [0]) == 3e-3  # chosen on the seed every rate has, not on the added ones
+    assert next_jobs(PLAN, "other", RATES, losses) == []
+
+
+def test_the_planned_count_is_every_grid_cell_plus_the_report_seeds():
+    assert planned_runs(PLAN, ["base", "other"], RATES) == (3 * 3 + 2) + (3 * 1 + 2)
 
 
 def test_commands_train_exactly_the_jobs():

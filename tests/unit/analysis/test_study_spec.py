@@ -8,7 +8,8 @@ from analysis.study_spec import StudySpecError, load_study_spec
 
 def test_the_stability_spec_holds_its_plan_and_typed_claims():
     spec = load_study_spec("stability")
-    assert spec.plan.headline[:2] == ["rmsnorm", "rmsnorm_qk"] and spec.plan.best_rate_seeds == 5
+    assert {"rmsnorm", "layernorm", "prmsnorm", "rmsnorm_qk"} <= set(spec.plan.headline)
+    assert spec.plan.headline_seeds >= 5 and spec.plan.selection_seeds >= 3 and spec.plan.report_seeds >= 5
     assert spec.claims and all(isinstance(claim, Claim) for claim in spec.claims)
     assert {claim.expect for claim in spec.claims} <= {"lower", "higher", "similar"}
 
@@ -16,20 +17,20 @@ def test_the_stability_spec_holds_its_plan_and_typed_claims():
 def test_a_spec_extends_another_and_replaces_only_what_it_names():
     base, size = load_study_spec("stability"), load_study_spec("stability_size")
     assert size.claims == base.claims
-    assert (size.plan.headline, size.plan.best_rate_seeds, size.plan.extra_rates) == (["rmsnorm", "rmsnorm_qk"], 3, 0)
+    assert (size.plan.headline, size.plan.headline_seeds, size.plan.extra_rates) == (["rmsnorm", "rmsnorm_qk"], 5, 1)
     assert size.plan.seconds_per_run == base.plan.seconds_per_run  # not named: the base's
 
 
 def test_overrides_change_the_plan(tmp_path):
-    spec = load_study_spec("stability", ["plan.best_rate_seeds=2", "plan.headline=[]"])
-    assert spec.plan.best_rate_seeds == 2 and spec.plan.headline == []
+    spec = load_study_spec("stability", ["plan.report_seeds=2", "plan.headline=[]"])
+    assert spec.plan.report_seeds == 2 and spec.plan.headline == []
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("plan:\n  best_rate_seed: 3\n", "best_rate_seed"),  # misspelled
-        ("plan:\n  best_rate_seeds: many\n", "best_rate_seeds"),  # wrong type
+        ("plan:\n  report_seed: 3\n", "report_seed"),  # misspelled
+        ("plan:\n  report_seeds: many\n", "report_seeds"),  # wrong type
         ("claims:\n  - {claim: x, source: y, statistic: best_loss, expect: lowest}\n", "expect must be one of"),
     ],
 )
