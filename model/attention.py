@@ -95,6 +95,11 @@ class Attention(nn.Module):
             persistent=False,
         )
 
+    def fused_rows(self) -> dict[str, list[tuple[str, int]]]:
+        """The logical matrices stacked in the fused q|k|v weight, in row order (see SwiGLU.fused_rows)."""
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return {"qkv_proj.weight": [("q", q), ("k", kv), ("v", kv)]}
+
     @property
     def has_qk_norm(self) -> bool:
         return hasattr(self, "q_norm")

@@ -52,6 +52,7 @@ SWITCHES = (
     "train.qk_clip=100",
     "model.embed_scale=learned",
     "train.weight_decay_mode=independent train.weight_decay=1e-4",
+    "train.optimizer=muon",
 )
 
 

@@ -22,7 +22,7 @@ from model.norm_roles import QK_AXES, ROLES
 from norms import GAINS, NORM_NAMES, norm_class, norm_options
 from training.loggers import WANDB_MODES
 from training.nonfinite import NAN_POLICIES
-from training.optim import WEIGHT_DECAY_MODES
+from training.optim import MUON_LR_ADJUSTMENTS, OPTIMIZERS, WEIGHT_DECAY_MODES
 from training.run_record import register_run_name_resolvers
 from training.runtime import PRECISIONS
 from training.variant import label_keys
@@ -59,6 +59,8 @@ DepthScaling = _choice("DepthScaling", DEPTH_SCALINGS)
 EmbedScale = _choice("EmbedScale", EMBED_SCALES)
 InitOutScale = _choice("InitOutScale", INIT_OUT_SCALES)
 WeightDecayMode = _choice("WeightDecayMode", WEIGHT_DECAY_MODES)
+OptimizerName = _choice("OptimizerName", OPTIMIZERS)
+MuonLRAdjustment = _choice("MuonLRAdjustment", MUON_LR_ADJUSTMENTS)
 CHOICES = {"gain": Gain}  # norm options with a fixed set of values
 
 
@@ -181,6 +183,19 @@ class DataConfig:
 
 
 @dataclass
+class MuonConfig:
+    """train.muon: torch.optim.Muon's options (the blocks' matrices under train.optimizer=muon)."""
+
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations
+    # match_rms_adamw (Moonlight): the update's RMS matches AdamW's, so AdamW's lr and decay carry over;
+    # original (Keller Jordan's): scaled by sqrt(max(1, rows / cols)), which wants its own, larger lr
+    adjust_lr_fn: MuonLRAdjustment = MuonLRAdjustment.match_rms_adamw  # type: ignore[valid-type]
+    weight_decay: Optional[float] = None  # None: train.weight_decay, in train.weight_decay_mode
+
+
+@dataclass
 class TrainConfig:
     seq_len: Optional[int] = None  # None: model.max_seq_len
     batch_size: int = 16  # sequences per micro-batch per process
@@ -197,6 +212,9 @@ class TrainConfig:
     z_loss: float = 0.0  # coef * mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4); logged as train/z_loss
     qk_clip: Optional[float] = None  # tau: after each step, heads whose largest logit exceeded it are rescaled
     decay_norms_and_embeddings: bool = False
+    # adamw | muon: torch.optim.Muon for the blocks' matrices, AdamW for the rest (training/optim.py)
+    optimizer: OptimizerName = OptimizerName.adamw  # type: ignore[valid-type]
+    muon: MuonConfig = field(default_factory=MuonConfig)
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0

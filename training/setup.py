@@ -36,7 +36,7 @@ from training.distributed import Distributed
 from training.loggers import Loggers, open_loggers
 from training.metrics_file import diverged_step, read_metrics
 from training.nonfinite import NonFinitePolicy
-from training.optim import build_optimizer
+from training.optim import MuonWithAdamW, build_optimizer, optimizer_groups
 from training.qk_clip import track_max_logits
 from training.run_record import check_resume
 from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
@@ -73,7 +73,7 @@ class TrainingRun:
     compiled: torch.nn.Module  # what steps and evaluation run (torch.compile'd when on)
     train_model: torch.nn.Module  # compiled, wrapped in DDP under torchrun
     model_cfg: ModelConfig
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | MuonWithAdamW
     start_step: int
     resumed_from: Path | None
     elapsed_before: float
@@ -217,6 +217,7 @@ def runtime_record(
     compiled: bool,
     peak,
     unigram_loss: float,
+    optimizer,
 ) -> dict:
     """What actually ran, recorded as ``runtime:`` in the run's config.yaml."""
     return {
@@ -236,6 +237,7 @@ def runtime_record(
         "peak_flops_source": peak[1],
         "torch": str(torch.__version__),
         "compiled": compiled,
+        "optimizer_groups": optimizer_groups(optimizer, model),
     }
 
 
@@ -262,7 +264,7 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     if dist.enabled:
         train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
     peak = peak_flops(device, settings.precision, cfg.train.peak_flops)
-    runtime = runtime_record(model, model_cfg, settings, device, dist, use_compile, peak, data.unigram_loss)
+    runtime = runtime_record(model, model_cfg, settings, device, dist, use_compile, peak, data.unigram_loss, optimizer)
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
     loggers = Loggers([])
     if dist.is_main:

@@ -47,6 +47,7 @@ SWITCHES = (
     Switch("train.weight_decay_mode", lambda v, get: "wd_independent" if v == "independent" else None),
     Switch("model.residual_scale", _number("resid")),
     Switch("model.outer_norm", lambda v, get: None if v is None else f"outer_{v}"),
+    Switch("train.optimizer", lambda v, get: None if v == "adamw" else str(v)),
 )
 # Keys a switch's part also reads: overriding them changes the label, so they are readable in run names too.
 READ_BY_SWITCHES = ("norm.post_fraction", "norm.qk_axis")

@@ -34,6 +34,9 @@ def overrides(tmp_path_factory):
         # over every rank (an all-reduce), as one process takes it over its micro-batches.
         "train.qk_clip=2",
         "train.z_loss=1e-3",
+        # Muon for the blocks' matrices (AdamW for the rest): the optimizer with per-matrix state that
+        # must see the same all-reduced gradients as one process's accumulated ones.
+        "train.optimizer=muon",
     )
 
 
@@ -74,8 +77,10 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, overrides,
     expected = [r["train/loss"] for r in read_metrics(tmp_path)]
     got = [r["train/loss"] for r in read_metrics(ddp)]
     assert len(got) == STEPS  # only rank 0 wrote metrics
-    # Same samples, same math; only the order of the gradient reduction differs.
-    assert got == pytest.approx(expected, rel=1e-5)
+    # Same samples, same math; only the order of the gradient reduction differs. Muon's Newton-Schulz
+    # runs in bfloat16, where that last-bit difference can flip an update entry's rounding: the losses
+    # then agree to about 2e-5 (a rank that skipped the all-reduce would be off by 1e-2 and more).
+    assert got == pytest.approx(expected, rel=1e-4)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -16,7 +16,7 @@ from training.run_record import RunIdentityError
 STEPS = 60
 
 
-def _command(cache_dir, run_dir):
+def _command(cache_dir, run_dir, *extra):
     # Larger batches than the other tiny runs so that a step takes long enough to be killed mid-run.
     overrides = tiny_overrides(
         cache_dir,
@@ -26,6 +26,7 @@ def _command(cache_dir, run_dir):
         "train.checkpoint_every=5",
         "train.eval_every=10",
         "train.stats_every=10",
+        *extra,
     )
     return [sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"]
 
@@ -41,12 +42,15 @@ def _logged_steps(run_dir):
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_killed_run_resumes_bit_for_bit(tmp_path, cache_dir):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_killed_run_resumes_bit_for_bit(tmp_path, cache_dir, optimizer):
+    """With Muon, its momentum and AdamW's moments (for the rest) come back from the checkpoint; MuonClip too."""
+    extra = ("train.optimizer=muon", "train.qk_clip=0.05") if optimizer == "muon" else ()
     uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
-    _run(_command(cache_dir, uninterrupted))
+    _run(_command(cache_dir, uninterrupted, *extra))
 
     process = subprocess.Popen(
-        _command(cache_dir, interrupted), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _command(cache_dir, interrupted, *extra), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 300
     while _logged_steps(interrupted) < 23 and process.poll() is None and time.monotonic() < deadline:
@@ -57,12 +61,14 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, cache_dir):
     killed_at = _logged_steps(interrupted)
     assert 0 < killed_at < STEPS
 
-    resumed = _run(_command(cache_dir, interrupted))
+    resumed = _run(_command(cache_dir, interrupted, *extra))
     assert "resuming from step" in resumed.stderr + resumed.stdout
     expected = {r["step"]: r["train/loss"] for r in read_metrics(uninterrupted)}
     got = {r["step"]: r["train/loss"] for r in read_metrics(interrupted)}
     assert sorted(got) == list(range(1, STEPS + 1))  # rows past the checkpoint were replaced, none doubled
     assert got == expected  # bit for bit: float equality of every logged loss
+    if optimizer == "muon":  # MuonClip: QK-clip fired on Muon's matrices
+        assert sum(r.get("train/qk_clipped_heads", 0) for r in read_metrics(interrupted)) > 0
 
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path):

@@ -85,6 +85,10 @@ def test_misspelled_key_and_wrong_type_are_rejected_at_composition():
         compose_config("train.lrr=0.1")
     with pytest.raises((ConfigCompositionException, ValidationError)):
         compose_config("train.max_steps=many")
+    with pytest.raises((ConfigCompositionException, ConfigAttributeError), match="momentumm"):
+        compose_config("train.muon.momentumm=0.9")
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        compose_config("train.muon.ns_steps=five")
     with pytest.raises(ConfigCompositionException, match="rmsnorm"):  # Hydra lists the available norms
         compose_config("norm=batchnorm")
 
@@ -165,6 +169,8 @@ def test_rerunning_a_finished_run_trains_nothing_and_writes_nothing(tmp_path, ca
         ("model.embed_scale=sqrt", "[none, sqrt_d, learned]"),
         ("model.init_out_scale=small", "[inverse_sqrt_2l, none]"),
         ("train.weight_decay_mode=decoupled", "[coupled, independent]"),
+        ("train.optimizer=sgd", "[adamw, muon]"),
+        ("train.muon.adjust_lr_fn=keller", "[match_rms_adamw, original]"),
     ],
 )
 def test_a_choice_key_with_a_value_outside_its_choices_is_refused_at_composition(override, allowed):
