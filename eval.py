@@ -4,6 +4,7 @@
     python eval.py checkpoint=[runs/small-rmsnorm-s0,runs/small-layernorm-s0] val_windows=256
     python eval.py checkpoint=runs/small-rmsnorm-s0 data=tinystories   # another corpus, same tokenizer
     python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]   # and quantized
+    python eval.py checkpoint=runs/small-rmsnorm-s0 layer_importance=true   # each block's skip delta and angle
 
 Each quantization scheme (model/quantize.py) evaluates a fake-quantized copy of the model; the
 checkpoint on disk is only read. Its losses land under "quant" with their increase over the float
@@ -38,6 +39,7 @@ from training.data import build_validation
 from training.evaluation import evaluate
 from training.loggers import WandbLogger
 from training.probes import run_probes
+from training.probes.layer_importance import skip_deltas
 from training.runtime import autocast_context, resolve_device, resolve_precision
 
 log = logging.getLogger("normlab.eval")
@@ -81,6 +83,14 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
 
     metrics = evaluate(model, val, token_bytes, cfg.batch_size, device, autocast)
     metrics.update(run_probes(model, val[: cfg.batch_size, :-1].to(device), autocast))
+    importance = {}
+    if cfg.layer_importance:
+        importance = {
+            "skip_delta": skip_deltas(
+                model, lambda m: evaluate(m, val, token_bytes, cfg.batch_size, device, autocast)["val/loss"]
+            ),
+            "angular_distance": [metrics[f"act/layers.{i}/angular_distance"] for i in range(len(model.layers))],
+        }
     quant = {}
     for scheme in cfg.quant:
         q = evaluate(quantized(model, scheme), val, token_bytes, cfg.batch_size, device, autocast)
@@ -109,6 +119,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         "val_windows": int(val.shape[0]),
         **metrics,
         **({"quant": quant} if quant else {}),
+        **({"layer_importance": importance} if importance else {}),
         "samples": [tokenizer.decode(row.tolist()) for row in tokens],
     }
 
@@ -129,6 +140,15 @@ def _print_table(results: dict[str, dict]) -> None:
             print(
                 f"{key[-60:]:<60} {scheme:>12} {q['val/loss']:>9.4f} {q['delta/val/loss']:>+8.4f} {q['val/bpb']:>8.4f}"
             )
+    for key, r in results.items():
+        if "layer_importance" in r:
+            importance = r["layer_importance"]
+            print(
+                f"\nlayer importance of {key[-60:]}: val/loss without the block minus with it, and the angle it turns"
+            )
+            print(f"{'block':>7} {'skip delta':>11} {'angular distance':>17}")
+            for i, (delta, angle) in enumerate(zip(importance["skip_delta"], importance["angular_distance"])):
+                print(f"{i:>7} {delta:>+11.4f} {angle:>17.4f}")
     for key, r in results.items():
         print(f"\nsamples from {key}:")
         for sample in r["samples"]:

@@ -276,6 +276,8 @@ class EvalConfig:
     sample_seed: int = 0
     # fake-quantized evaluations beside the float one (model/quantize.py): w8a8, w8a8_tensor, w4a16, fp8
     quant: List[str] = field(default_factory=list)
+    # per block: the val/loss with it replaced by the identity minus the plain loss, and its angular distance
+    layer_importance: bool = False
     device: str = "auto"
     precision: Precision = Precision.auto  # type: ignore[valid-type]
     logger: LoggerConfig = field(default_factory=LoggerConfig)

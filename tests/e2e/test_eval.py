@@ -120,3 +120,41 @@ def test_an_unknown_scheme_is_refused_before_any_checkpoint_is_read(trained, tmp
 def test_a_glob_that_matches_nothing_says_so(tmp_path):
     with pytest.raises(CheckpointError, match="matches nothing"):
         eval_script.run_eval(eval_config(f"checkpoint={tmp_path}/nope*"), tmp_path)
+
+
+def test_layer_importance_equals_skipping_each_block_by_hand(trained, tmp_path, capsys):
+    run = trained / "rmsnorm"
+    (result,) = eval_script.run_eval(eval_config(f"checkpoint={run}", "layer_importance=true"), tmp_path).values()
+    importance = result["layer_importance"]
+    state = load_checkpoint(list_checkpoints(run)[-1])
+    model = eval_script.load_model(state, run, torch.device("cpu"))
+    val = _validation(state, run)
+    plain = _loss_by_hand(model, val, skip=None)
+    assert importance["skip_delta"] == pytest.approx([_loss_by_hand(model, val, skip=i) - plain for i in range(2)])
+    assert len(importance["angular_distance"]) == 2 and all(0 <= a <= 1 for a in importance["angular_distance"])
+    assert "skip delta" in capsys.readouterr().out
+
+
+def _validation(state, run):
+    from omegaconf import OmegaConf
+    from tokenizers import Tokenizer
+
+    from training.config import DataConfig
+    from training.data import build_validation
+
+    data_cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), state["config"]["data"])
+    seq_len = state["config"]["train"]["seq_len"]
+    return build_validation(data_cfg, seq_len, Tokenizer.from_str(state["tokenizer"]))[0]
+
+
+@torch.no_grad()
+def _loss_by_hand(model, windows, skip):
+    """The decoder's forward written out, without block ``skip``: the loss the skip delta compares."""
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    seq = inputs.shape[1]
+    x = model.embed(inputs)
+    for i, layer in enumerate(model.layers):
+        if i != skip:
+            x = layer(x, model.rope_cos[:seq], model.rope_sin[:seq], None, 0)
+    logits = model.lm_head(model.final_norm(x))
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()

@@ -18,6 +18,7 @@ from training.probes.attention import AttentionLogits
 from training.probes.attention_sinks import AttentionSinks
 from training.probes.base import Probe, feature_kurtosis, sync
 from training.probes.gradients import GRADIENT_KEYS, layer_grad_norms
+from training.probes.layer_importance import LayerImportance
 from training.probes.logits import OutputLogits
 from training.probes.massive import MassiveActivations
 from training.probes.norm_io import NormInputOutput
@@ -29,6 +30,7 @@ PROBES: tuple[type[Probe], ...] = (
     NormTime,
     NormInputOutput,
     ResidualStream,
+    LayerImportance,
     MassiveActivations,
     AttentionLogits,
     AttentionSinks,

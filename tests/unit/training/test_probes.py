@@ -11,6 +11,7 @@ from model.attention import masked_scores
 from training.probes import feature_kurtosis, run_probes
 from training.probes.attention import attention_stats
 from training.probes.attention_sinks import sink_stats
+from training.probes.layer_importance import SkippedBlock, angular_distance, skip_deltas, skipping
 from training.probes.massive import massive_stats
 
 
@@ -122,3 +123,35 @@ def test_the_probe_pass_reports_sinks_and_massive_activations_per_layer():
     for i in range(2):
         assert 0 <= metrics[f"attn/layers.{i}/sink_mass"] <= 1 and 0 <= metrics[f"attn/layers.{i}/sink_heads"] <= 1
         assert metrics[f"act/layers.{i}/massive_ratio"] >= 1 and 0 <= metrics[f"act/layers.{i}/massive_position"] < 12
+
+
+def test_angular_distance_by_hand():
+    x = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])
+    assert angular_distance(x, 3 * x) == pytest.approx(0.0, abs=1e-7)  # same direction, any scale
+    assert angular_distance(x, -x) == pytest.approx(1.0)
+    turned = torch.tensor([[[0.0, 1.0], [0.0, 5.0]]])  # the first token turned by 90 degrees, the second not
+    assert angular_distance(x, turned) == pytest.approx((0.5 + 0.0) / 2)
+
+
+def test_the_probe_measures_each_blocks_input_against_its_output():
+    torch.manual_seed(0)
+    model = Transformer(tiny()).eval()
+    tokens = torch.randint(0, 97, (2, 8))
+    metrics = run_probes(model, tokens, contextlib.nullcontext())
+    with torch.no_grad():
+        x, cos, sin = model.embed(tokens), model.rope_cos[:8], model.rope_sin[:8]
+        for i, layer in enumerate(model.layers):
+            out = layer(x, cos, sin, None, 0)
+            assert metrics[f"act/layers.{i}/angular_distance"] == pytest.approx(angular_distance(x, out))
+            x = out
+
+
+def test_a_skipped_block_is_put_back_even_when_the_evaluation_fails():
+    model = Transformer(tiny())
+    block = model.layers[1]
+    with pytest.raises(RuntimeError), skipping(model, 1):
+        assert isinstance(model.layers[1], SkippedBlock)
+        raise RuntimeError("evaluation failed")
+    assert model.layers[1] is block
+    losses = iter([2.0, 2.5, 2.1])  # plain, without block 0, without block 1
+    assert skip_deltas(model, lambda m: next(losses)) == pytest.approx([0.5, 0.1])
