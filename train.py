@@ -159,6 +159,7 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         gradients = layer_grad_norms(run.model) if every(tcfg.stats_every, done, last) else {}
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
+        run.model.normalize_weights()  # nGPT: matrices and embeddings back on the unit sphere (else nothing)
         step_metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
         if tcfg.z_loss:
             step_metrics["train/z_loss"] = z_loss

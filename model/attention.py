@@ -145,7 +145,8 @@ class Attention(nn.Module):
         out = self._sdpa(q, k, v, start_pos) if self.softcap is None else self._capped_attention(q, k, v, start_pos)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
-    def _sdpa(self, q, k, v, start_pos: int) -> torch.Tensor:
+    def _sdpa(self, q, k, v, start_pos: int, scale: float | None = None) -> torch.Tensor:
+        """SDPA, causal within the chunk and open to the cached past; ``scale`` None is 1/sqrt(d_head)."""
         seq = q.shape[2]
         mask, is_causal = None, seq > 1
         if start_pos > 0 and seq > 1:  # a chunk after cached tokens: causal within, full to the past
@@ -154,7 +155,7 @@ class Attention(nn.Module):
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
         dropout = self.dropout if self.training else 0.0
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=True
+            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=True, scale=scale
         )
 
     def _capped_attention(self, q, k, v, start_pos: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ With F the attention or MLP branch and N a norm, each block applies, for F = att
     peri       h = x + N_out(F(N_in(x)))    Gemma 2/3, Peri-LN (Kim et al. 2025)
     reordered  h = x + N(F(x))              OLMo 2
     deepnorm   h = N(alpha x + F(x))        DeepNet (Wang et al. 2022)    no final norm
+    ngpt       h = N(h + a (N(F(h)) - h))   nGPT (Loshchilov et al. 2025) no final norm, h on the unit sphere
 
 A model may mix placements layer by layer (``layer_placements``); ``mix_ln`` is the mix of
 Mix-LN (Li et al. 2024, arXiv 2412.13795): post-norm in the first floor(post_fraction * L)
@@ -27,10 +28,19 @@ from torch import nn
 from model.attention import Attention, KVCache
 from model.config import ModelConfig
 from model.mlp import SwiGLU
+from model.ngpt import NGPTMLP, NGPTAttention, ScaledVector, base_scale, normalize_along
 from model.norm_roles import norm_for
+from norms import Norm
 
 # The attribute that holds each role's norm, so instance names are stable: layers.3.attn_norm, ...
-_NORM_ATTRIBUTE = {"attn_in": "attn_norm", "attn_out": "attn_out_norm", "mlp_in": "mlp_norm", "mlp_out": "mlp_out_norm"}
+_NORM_ATTRIBUTE = {
+    "attn_in": "attn_norm",
+    "attn_out": "attn_out_norm",
+    "mlp_in": "mlp_norm",
+    "mlp_out": "mlp_out_norm",
+    "attn_update": "attn_update_norm",
+    "mlp_update": "mlp_update_norm",
+}
 
 
 class Block(nn.Module):
@@ -38,16 +48,20 @@ class Block(nn.Module):
 
     roles: tuple[str, ...] = ()
     has_final_norm = True
+    on_sphere = False  # nGPT: embeddings, matrices and hidden state on the unit sphere, logits scaled by s_z
+    attention_class, mlp_class = Attention, SwiGLU
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.cfg, self.layer = cfg, layer
         self._add_norm(cfg, "attn_in")
-        self.attn = Attention(cfg)
+        self.attn = self.attention_class(cfg)
         self._add_norm(cfg, "attn_out")
+        self._add_norm(cfg, "attn_update")
         self._add_norm(cfg, "mlp_in")
-        self.mlp = SwiGLU(cfg)
+        self.mlp = self.mlp_class(cfg)
         self._add_norm(cfg, "mlp_out")
+        self._add_norm(cfg, "mlp_update")
         self.dropout = nn.Dropout(cfg.dropout)
 
     def _add_norm(self, cfg: ModelConfig, role: str) -> None:
@@ -68,6 +82,9 @@ class Block(nn.Module):
 
     def after_init(self) -> None:
         """Scaling that an init std per weight cannot say (a slice of a fused weight)."""
+
+    def normalize_weights(self) -> None:
+        """What the block's weights must satisfy after every optimizer step (nothing, but in nGPT)."""
 
     def attention(self, x, cos, sin, cache: KVCache | None, start_pos: int) -> torch.Tensor:
         return self._scaled(self.dropout(self.attn(x, cos, sin, cache, start_pos)))
@@ -157,12 +174,61 @@ class DeepNormBlock(Block):
         self.attn.qkv_proj.weight[v_rows].mul_(self.beta)
 
 
+class NGPTBlock(Block):
+    """h <- N(h + alpha_A * (N(attn(h)) - h)); out <- N(h + alpha_M * (N(mlp(h)) - h)).
+
+    nGPT (Loshchilov et al. 2025, arXiv 2410.01131): N puts a vector on the unit sphere, and each
+    branch moves the hidden state towards its own (normalized) suggestion by a learned per-feature
+    step, the "eigen learning rates" alpha_A and alpha_M (init 0.05, stored at scale 1/sqrt(d_model);
+    used as |alpha|, as the authors' code does).
+    q and k are unit per head and scaled by s_qk (model/ngpt.py), the MLP's inputs by s_u and s_v;
+    the model scales its logits by s_z and has no final norm; every matrix stays unit-norm along
+    d_model (``normalize_weights``, after each optimizer step).
+    """
+
+    roles = ("attn_out", "attn_update", "mlp_out", "mlp_update")
+    has_final_norm = False
+    on_sphere = True
+    attention_class, mlp_class = NGPTAttention, NGPTMLP
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        if cfg.tie_embeddings:
+            raise ValueError("nGPT has separate input and output embeddings: set model.tie_embeddings=false")
+        if cfg.qk_norm is not None:
+            raise ValueError(f"nGPT normalizes q and k itself: drop norm.qk={cfg.qk_norm}")
+        super().__init__(cfg, layer)
+        off_sphere = sorted({type(n).__name__ for n in self.modules() if isinstance(n, Norm) and not n.unit_sphere})
+        if off_sphere:
+            raise ValueError(
+                f"the nGPT block keeps its hidden state on the unit sphere, which {', '.join(off_sphere)} does not: "
+                "use norm=ngpt (an L2 norm)"
+            )
+        self.attn_alpha = ScaledVector(cfg.d_model, init=0.05, scale=base_scale(cfg))
+        self.mlp_alpha = ScaledVector(cfg.d_model, init=0.05, scale=base_scale(cfg))
+
+    def forward(self, h, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+        attn = self.attn_out_norm(self.attn(h, cos, sin, cache, start_pos))
+        h = self.attn_update_norm(h + self.attn_alpha().abs() * (attn - h))
+        mlp = self.mlp_out_norm(self.mlp(h))
+        return self.mlp_update_norm(h + self.mlp_alpha().abs() * (mlp - h))
+
+    def init_stds(self) -> dict[str, float]:
+        return {}  # every matrix is normalized after init, so its std does not matter
+
+    def normalize_weights(self) -> None:
+        for from_stream in (self.attn.qkv_proj, self.mlp.gate_up_proj):
+            normalize_along(from_stream.weight, dim=1)
+        for into_stream in (self.attn.o_proj, self.mlp.down_proj):
+            normalize_along(into_stream.weight, dim=0)
+
+
 BLOCKS: dict[str, type[Block]] = {
     "pre": PreNormBlock,
     "post": PostNormBlock,
     "peri": PeriNormBlock,
     "reordered": ReorderedBlock,
     "deepnorm": DeepNormBlock,
+    "ngpt": NGPTBlock,
 }
 # norm.placement: a block for every layer, or a mix of blocks by layer.
 PLACEMENTS = (*BLOCKS, "mix_ln")

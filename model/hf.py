@@ -34,6 +34,11 @@ _BLOCK_NORMS = {
 def hf_model_type(model: Transformer) -> str:
     """``llama``, ``qwen3`` or ``olmo2``; a ValueError naming what has no equivalent otherwise."""
     cfg = model.cfg
+    if model.on_sphere:
+        raise ValueError(
+            "nGPT (norm=ngpt) has no equivalent in Hugging Face's Llama, Qwen3 or OLMo 2 classes: its blocks move a "
+            "unit hidden state by learned steps, its q and k are unit and scaled by s_qk, its logits by s_z"
+        )
     features = {
         "model.logit_softcap": cfg.logit_softcap is not None,
         "model.attn_softcap": cfg.attn_softcap is not None,

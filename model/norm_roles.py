@@ -1,8 +1,9 @@
 """Which norm each place in the model gets: its type, options and role.
 
 Every norm instance has a role: ``attn_in`` and ``mlp_in`` (before a branch), ``attn_out``
-and ``mlp_out`` (after a branch), ``final`` (before the LM head), ``embed`` (after the embeddings), ``q`` and ``k`` (QK-norm,
-inside attention). The stream's norms take ``cfg.norm`` with ``cfg.norm_options``; q and k
+and ``mlp_out`` (after a branch), ``attn_update`` and ``mlp_update`` (the stream after a branch's
+update, nGPT), ``final`` (before the LM head), ``embed`` (after the embeddings), ``q`` and ``k``
+(QK-norm, inside attention). The stream's norms take ``cfg.norm`` with ``cfg.norm_options``; q and k
 take ``cfg.qk_norm``, and ``embed`` and ``final`` take ``cfg.outer_norm`` when it is set, each with
 the stream's options only when it is the same type. Options set
 for one role (``cfg.norm_role_options[role]``) override both, e.g. DyT's initial alpha of
@@ -14,7 +15,7 @@ from __future__ import annotations
 from model.config import ModelConfig
 from norms import Norm, build_norm
 
-ROLES = ("attn_in", "mlp_in", "attn_out", "mlp_out", "final", "embed", "q", "k")
+ROLES = ("attn_in", "mlp_in", "attn_out", "mlp_out", "attn_update", "mlp_update", "final", "embed", "q", "k")
 QK_AXES = ("head", "all")
 
 

@@ -128,6 +128,16 @@ def rms_norm(
     return partial_rms_norm(x, weight, dim, eps, cast_before_weight=cast_before_weight, zero_centered=zero_centered)
 
 
+def l2_norm(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``x / sqrt(sum(x**2) + eps)``: each vector onto the unit sphere (nGPT, Loshchilov et al. 2025).
+
+    The sum, not the mean: the output has L2 norm 1 (RMSNorm's has RMS 1, norm sqrt(D)). No gain.
+    """
+    _check_input(x, eps)
+    xc = x.to(_compute_dtype(x))
+    return (xc * torch.rsqrt(xc.pow(2).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def layer_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None = None,

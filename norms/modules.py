@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from norms import cpu
-from norms.functional import _check_k, derf, dyt, layer_norm, partial_rms_norm
+from norms.functional import _check_k, derf, dyt, l2_norm, layer_norm, partial_rms_norm
 
 GAINS = ("standard", "one_plus", "none")
 
@@ -34,6 +34,7 @@ class Norm(nn.Module):
 
     role: str | None = None
     output_scale: float = 1.0
+    unit_sphere = False  # whether every output vector has L2 norm 1 (what nGPT's block needs)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -288,3 +289,20 @@ class Identity(Norm):
 
     def extra_repr(self) -> str:
         return f"{self.dim}"
+
+
+class L2Norm(Norm):
+    """x / ||x||: every vector onto the unit sphere, no gain (nGPT's normalization; ``norms.l2_norm``)."""
+
+    unit_sphere = True
+
+    def __init__(self, dim: int, eps: float = 1e-12) -> None:
+        super().__init__()
+        _check_dim(dim)
+        self.dim, self.eps = dim, eps
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return l2_norm(x, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 
 from norms.fused.module import FusedRMSNorm
-from norms.modules import Derf, DyT, Identity, LayerNorm, Norm, PartialRMSNorm, RMSNorm
+from norms.modules import Derf, DyT, Identity, L2Norm, LayerNorm, Norm, PartialRMSNorm, RMSNorm
 
 _NORMS: dict[str, type[Norm]] = {
     "layernorm": LayerNorm,
@@ -18,6 +18,7 @@ _NORMS: dict[str, type[Norm]] = {
     "dyt": DyT,
     "derf": Derf,
     "identity": Identity,
+    "l2norm": L2Norm,
 }
 
 NORM_NAMES: tuple[str, ...] = tuple(_NORMS)

@@ -60,7 +60,8 @@ def default_variants() -> list[str]:
     """Every registered norm pre-norm, then the baseline's other placements and QK-norm."""
     base = f"norm={BASELINE}"
     variants = [f"norm={name}" for name in NORM_NAMES]
-    variants += [f"{base} norm.placement={placement}" for placement in BLOCKS if placement != "pre"]
+    variants += [f"{base} norm.placement={p}" for p, block in BLOCKS.items() if p != "pre" and not block.on_sphere]
+    variants += ["norm=ngpt"]  # nGPT's block, L2 norm, untied embeddings and per-step renormalization
     variants += [f"{base} norm.qk={BASELINE}", f"{base} norm.placement=reordered norm.qk={BASELINE} norm.qk_axis=all"]
     variants += [f"{base} {switch}" for switch in SWITCHES]
     return variants
@@ -93,6 +94,7 @@ class Variant:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            self.model.normalize_weights()  # nGPT's renormalization, as training runs it (nothing for others)
             if self.qk_clip is not None:
                 qk_clip(self.model, self.qk_clip, Distributed())
         if tokens.device.type == "cuda":

@@ -138,6 +138,11 @@ def check_logit_controls(cfg: DictConfig) -> None:
                 "train.qk_clip rescales the q and k projections, which QK-norm normalizes away: "
                 "use one of train.qk_clip and norm.qk, not both"
             )
+        if cfg.norm.placement == "ngpt":
+            raise ConfigError(
+                "train.qk_clip rescales the q and k projections, which nGPT renormalizes after every step "
+                "(its logits are bounded by s_qk^2 sqrt(d_head)): drop train.qk_clip"
+            )
 
 
 def check_run_identity(cfg: DictConfig, run_dir: Path, settings: RunSettings) -> dict | None:
@@ -281,6 +286,13 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
 
 
 def log_start(cfg: DictConfig, runtime: dict, settings: RunSettings, device, dist, resumed_at: int | None) -> None:
+    if cfg.norm.placement == "ngpt" and (cfg.train.weight_decay or cfg.train.warmup_steps):
+        log.info(
+            "nGPT with train.weight_decay=%g and train.warmup_steps=%d: the paper trains without either; decay "
+            "shrinks matrices that are renormalized after every step, so it acts only on the learned scales",
+            cfg.train.weight_decay,
+            cfg.train.warmup_steps,
+        )
     log.info(
         "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d), %d CPU threads (%s)%s",
         cfg.run_name,

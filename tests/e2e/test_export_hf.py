@@ -55,6 +55,7 @@ def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, ca
     [
         (("norm=layernorm",), "LayerNorm.*no equivalent in Hugging Face's Llama, Qwen3 or OLMo 2"),
         (("norm.placement=peri",), "placement 'peri' with QK-norm none has no Hugging Face equivalent"),
+        (("norm=ngpt",), r"nGPT \(norm=ngpt\) has no equivalent in Hugging Face's"),
     ],
 )
 def test_export_of_a_variant_without_a_twin_stops_with_the_reason(tmp_path, cache_dir, overrides, reason):

@@ -21,6 +21,7 @@ from training.probes.gradients import GRADIENT_KEYS, layer_grad_norms
 from training.probes.layer_importance import LayerImportance
 from training.probes.logits import OutputLogits
 from training.probes.massive import MassiveActivations
+from training.probes.ngpt import NGPTScales
 from training.probes.norm_io import NormInputOutput
 from training.probes.stream import ResidualStream
 from training.probes.timing import NormTime
@@ -35,6 +36,7 @@ PROBES: tuple[type[Probe], ...] = (
     AttentionLogits,
     AttentionSinks,
     OutputLogits,
+    NGPTScales,
 )
 
 # Keys the training loop and the evaluation write themselves.

@@ -28,14 +28,17 @@ def test_templates_match_keys_field_by_field():
 
 def test_the_probes_write_exactly_the_keys_they_declare():
     """Every key a probe pass writes matches a declared template, and every declared template is written
-    (DyT for the saturation key, an RMSNorm QK-norm for the gain keys)."""
+    (DyT for the saturation key, an RMSNorm QK-norm for the gain keys, nGPT for its scales)."""
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, norm="dyt")
-    cfg.qk_norm, cfg.mlp_multiple_of = "rmsnorm", 16
-    model = Transformer(cfg)
-    written = set(run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext()))
-    model(torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))).objective.backward()
-    written |= set(layer_grad_norms(model))
+    shape = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, mlp_multiple_of=16)
+    written = set()
+    for model in (
+        Transformer(ModelConfig(**shape, norm="dyt", qk_norm="rmsnorm")),
+        Transformer(ModelConfig(**shape, norm="l2norm", placement="ngpt", tie_embeddings=False)),
+    ):
+        written |= set(run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext()))
+        model(torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))).objective.backward()
+        written |= set(layer_grad_norms(model))
     unmatched = sorted(k for k in written if not any(fields(t, k) is not None for t in declared_keys()))
     assert not unmatched, f"written but not declared: {unmatched}"
     probe_templates = [t for probe in PROBES for t in probe.keys]

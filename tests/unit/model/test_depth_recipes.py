@@ -109,7 +109,7 @@ def test_embedding_scales(embed_scale):
         model(tokens[:, :-1], tokens[:, 1:]).objective.backward()
         assert model.embed_scale.grad is not None and model.embed_scale.grad != 0
         # A scalar: never decayed, like the norms' parameters.
-        cfg = SimpleNamespace(weight_decay=0.1, weight_decay_mode="coupled", decay_norms_and_embeddings=False,
+        cfg = SimpleNamespace(optimizer="adamw", weight_decay=0.1, weight_decay_mode="coupled", decay_norms_and_embeddings=False,
                               lr=1e-3, beta1=0.9, beta2=0.95)  # fmt: skip
         decayed = build_optimizer(model, cfg, torch.device("cpu")).param_groups[0]["params"]
         assert all(p is not model.embed_scale for p in decayed)
@@ -123,7 +123,7 @@ def test_weight_decay_update_by_hand(mode):
     coupled theta * (1 - lr(t) * lambda); independent theta * (1 - lambda * s(t)), s(t) = lr(t) / lr."""
     torch.manual_seed(0)
     model = Transformer(tiny(n_layers=1))
-    cfg = SimpleNamespace(weight_decay=1e-2, weight_decay_mode=mode, decay_norms_and_embeddings=False, lr=3e-2,
+    cfg = SimpleNamespace(optimizer="adamw", weight_decay=1e-2, weight_decay_mode=mode, decay_norms_and_embeddings=False, lr=3e-2,
                           beta1=0.9, beta2=0.95, warmup_steps=10, max_steps=100, min_lr_ratio=0.1)  # fmt: skip
     optimizer = build_optimizer(model, cfg, torch.device("cpu"))
     step = 4  # in the warmup: s(t) = 0.5

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from norms import derf, dyt, layer_norm, partial_rms_norm, rms_norm
+from norms import derf, dyt, l2_norm, layer_norm, partial_rms_norm, rms_norm
 
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
@@ -220,3 +220,14 @@ def test_bad_k(k):
 def test_error_paths(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_l2_norm_by_hand_and_against_rms_norm():
+    x = torch.tensor([[3.0, 4.0], [0.0, -2.0]])
+    torch.testing.assert_close(l2_norm(x), torch.tensor([[0.6, 0.8], [0.0, -1.0]]))
+    y = torch.randn(4, 10, 64, dtype=torch.float64)
+    # The same direction as RMSNorm's output, 1/sqrt(D) its length (up to where eps sits).
+    torch.testing.assert_close(l2_norm(y, eps=0.0 + 1e-300), rms_norm(y, eps=1e-300) / 64**0.5)
+    half = l2_norm(y.to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and torch.allclose(half.float().norm(dim=-1), torch.ones(4, 10), atol=1e-2)
+    assert torch.autograd.gradcheck(l2_norm, (torch.randn(3, 5, dtype=torch.float64, requires_grad=True),))

@@ -78,7 +78,7 @@ def test_extra_repr_shows_settings():
 
 
 def test_registry_builds_each_name():
-    assert set(NORM_NAMES) == {"layernorm", "rmsnorm", "prmsnorm", "fused_rmsnorm", "dyt", "derf", "identity"}
+    assert set(NORM_NAMES) == {"layernorm", "rmsnorm", "prmsnorm", "fused_rmsnorm", "dyt", "derf", "identity", "l2norm"}
     for name in NORM_NAMES:
         assert isinstance(build_norm(name, 8), Norm)
     assert isinstance(build_norm("rmsnorm", 8), RMSNorm)
@@ -87,7 +87,7 @@ def test_registry_builds_each_name():
 
 
 def test_registry_unknown_name_lists_known_ones():
-    with pytest.raises(ValueError, match="layernorm, rmsnorm, prmsnorm, fused_rmsnorm, dyt, derf, identity"):
+    with pytest.raises(ValueError, match="layernorm, rmsnorm, prmsnorm, fused_rmsnorm, dyt, derf, identity, l2norm"):
         build_norm("batchnorm", 8)
 
 
@@ -159,3 +159,11 @@ def test_only_plain_rms_norms_offer_an_equivalent_rms_weight():
     assert PartialRMSNorm(8, k=4).plain_rms_norm_weight() is None
     for norm in (LayerNorm(8), DyT(8), Derf(8), Identity(8)):
         assert norm.plain_rms_norm_weight() is None
+
+
+def test_only_the_l2_norm_puts_vectors_on_the_unit_sphere():
+    x = torch.randn(3, 5, 16) * 7
+    for name in NORM_NAMES:
+        norm = build_norm(name, 16)
+        on_sphere = torch.allclose(norm(x).norm(dim=-1), torch.ones(3, 5), atol=1e-6)
+        assert on_sphere == norm.unit_sphere, name

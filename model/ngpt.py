@@ -1,0 +1,106 @@
+"""The parts of nGPT (Loshchilov, Hsieh, Sun & Ginsburg, ICLR 2025, arXiv 2410.01131) beyond its block.
+
+In nGPT every vector lives on the unit sphere: token embeddings, the rows of every matrix along
+d_model, queries and keys, and the hidden state. What that needs besides the block
+(model/blocks.py ``NGPTBlock``):
+
+- ``ScaledVector``: a learned scaling vector stored the paper's way (Sec. 2.6);
+- ``NGPTAttention``: q and k normalized per head after RoPE and scaled by ``s_qk``; the softmax
+  scale sqrt(d_head) instead of 1/sqrt(d_head), since unit q and k give dot products in [-1, 1];
+- ``NGPTMLP``: SwiGLU with its gate and up projections scaled by ``s_v`` (times sqrt(d_model)) and ``s_u``;
+- ``normalize_along``: the renormalization of a matrix along d_model, which the training loop runs after
+  every optimizer step (``Transformer.normalize_weights``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import Attention, KVCache
+from model.config import ModelConfig
+from model.mlp import SwiGLU
+from model.norm_roles import norm_for
+from model.rope import apply_rope
+
+
+class ScaledVector(nn.Module):
+    """A learned vector used as ``weight * (init / scale)``: it starts at ``init``, while the optimizer steps a
+    parameter of size ``scale`` (nGPT's Sec. 2.6: so one learning rate suits vectors of every size)."""
+
+    def __init__(self, size: int, init: float, scale: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((size,), float(scale)))
+        self.factor = init / scale
+
+    def forward(self) -> torch.Tensor:
+        return self.weight * self.factor
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, init={self.factor * self.weight.detach().flatten()[0].item():g} at start"
+
+
+def base_scale(cfg: ModelConfig) -> float:
+    """1 / sqrt(d_model): the stored scale of nGPT's vectors that start at a value of order one."""
+    return 1 / math.sqrt(cfg.d_model)
+
+
+@torch.no_grad()
+def normalize_along(weight: torch.Tensor, dim: int) -> None:
+    """Put every vector of ``weight`` along ``dim`` (its d_model axis) on the unit sphere, in place, so views
+    of the weight (an optimizer's included) see it: dim 1 for a projection from the stream (rows of
+    (out, d_model)), dim 0 for one into the stream (columns of (d_model, in)), as the paper's code does."""
+    weight.div_(weight.norm(dim=dim, keepdim=True).clamp_min(1e-12))
+
+
+class NGPTAttention(Attention):
+    """Grouped-query attention with unit q and k per head after RoPE, scaled by s_qk, softmax scale sqrt(d_head).
+
+    The paper ties q's and k's scale into one ``s_qk`` with as many heads for both; with grouped-query
+    attention k has fewer heads, so it has a scale vector of its own (``s_k``), both stored as ``s_qk``'s.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        if cfg.attn_softcap is not None:
+            raise ValueError("nGPT's attention logits are bounded by its unit q and k: drop model.attn_softcap")
+        unit = ModelConfig(**{**cfg.to_dict(), "qk_norm": cfg.norm})  # q and k take the stream's L2 norm
+        self.q_unit, self.k_unit = norm_for(unit, "q", cfg.head_dim), norm_for(unit, "k", cfg.head_dim)
+        self.s_q = ScaledVector(cfg.n_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
+        self.s_k = ScaledVector(cfg.n_kv_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        qk, v = self._heads(self.qkv_proj(x), self.n_heads + 2 * self.n_kv_heads).split(
+            [self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1
+        )
+        q, k = apply_rope(qk, cos, sin).split([self.n_heads, self.n_kv_heads], dim=1)
+        q = self.q_unit(q) * self.s_q().view(self.n_heads, 1, self.head_dim)
+        k = self.k_unit(k) * self.s_k().view(self.n_kv_heads, 1, self.head_dim)
+        if cache is not None:
+            k, v = cache.update(k, v, start_pos)
+        # The tap's readers form q k^T / sqrt(d_head); scaled by d_head, that is nGPT's q k^T sqrt(d_head).
+        self.scores(q * self.head_dim, k, start_pos)
+        out = self._sdpa(q, k, v, start_pos, scale=math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class NGPTMLP(SwiGLU):
+    """SwiGLU with u <- s_u * u and v <- s_v * sqrt(d_model) * v (v the gate), as the paper's Sec. 2.4.
+
+    (The authors' code multiplies both halves by sqrt(d_model); the paper's equations, followed here,
+    put it on the gate's input only, where it keeps SiLU out of its linear regime for unit inputs.)
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.sqrt_d = math.sqrt(cfg.d_model)
+        self.s_v = ScaledVector(cfg.hidden_dim, init=1.0, scale=1.0)
+        self.s_u = ScaledVector(cfg.hidden_dim, init=1.0, scale=1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate * (self.s_v() * self.sqrt_d)) * (up * self.s_u()))
