@@ -44,7 +44,7 @@ class Claim:
 
     claim: str  # the paper's finding, in words
     source: str  # where it comes from: authors, year, arXiv id
-    statistic: str  # lr_sensitivity | best_loss | stream_growth | max_attn_logit (analysis.study.STATISTICS)
+    statistic: str  # lr_sensitivity | best_loss | stream_growth | max_attn_logit | steps_to_baseline_loss
     arm: Dict[str, Any] = field(default_factory=dict)  # config fields (dotted) that pick the arm's variant
     against: Dict[str, Any] = field(default_factory=dict)  # and the variant it is compared with
     expect: str = "lower"  # lower | higher | similar: the arm's statistic against the other's

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.keys import fields, metric_key
-from analysis.results import Result, capped_loss, common_grid, heldout_loss
+from analysis.results import VAL_LOSS, Result, capped_loss, common_grid, heldout_loss
 from analysis.runs import Run, RunsError, layer_values
 from analysis.study_plan import best_rate
 from training.run_record import flatten
@@ -182,6 +182,21 @@ class Study:
         ratios = [rms[-1] / rms[0] for r in runs if (rms := r.run.by_layer(STREAM_RMS))]
         return statistics.fmean(ratios) if ratios and len(ratios) == len(list(seeds)) else None
 
+    def steps_to_baseline_loss(self, variant: str, seeds) -> float | None:
+        """The share of its steps a variant takes, at its best rate, to first reach the validation loss that the
+        baseline ends with at its own best rate, same seed (1 when it gets there only at the end; a run that
+        never gets there counts as 1, the most it could be credited with)."""
+        fractions = []
+        for seed in seeds:
+            (mine,) = self._runs(variant, self.summaries[variant].best_lr, [seed]) or [None]
+            (base,) = self._runs(self.baseline, self.summaries[self.baseline].best_lr, [seed]) or [None]
+            if mine is None or base is None or base.final is None or mine.diverged_at is not None:
+                return None
+            curve = [(row["step"], row[VAL_LOSS]) for row in mine.run.rows if VAL_LOSS in row]
+            last_step = mine.run.config["train"]["max_steps"]
+            fractions.append(next((step for step, loss in curve if loss <= base.final), last_step) / last_step)
+        return statistics.fmean(fractions) if fractions else None
+
     def max_attn_logit(self, variant: str, seeds) -> float | None:
         """The largest attention logit (over layers) at the last stats step, at the highest rate at which
         the baseline trained."""
@@ -205,6 +220,9 @@ STATISTICS: dict[str, Statistic] = {
     "best_loss": Statistic(Study.best_loss, "report", "at each arm's own best rate, held-out windows"),
     "stream_growth": Statistic(Study.stream_growth, "selection", "at the baseline's best rate"),
     "max_attn_logit": Statistic(Study.max_attn_logit, "selection", "at the highest rate the baseline trained"),
+    "steps_to_baseline_loss": Statistic(
+        Study.steps_to_baseline_loss, "report", "share of the steps to the baseline's final loss, each at its best rate"
+    ),
 }
 
 

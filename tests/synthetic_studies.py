@@ -34,7 +34,7 @@ def write_run(root, variant, lr, final_loss, seed=0, diverged_at=None, tokenizer
         "norm": {"name": parts[0], "placement": placement, "qk": parts[0] if "qk" in parts else None},
         "seed": seed,
         "model": {"name": "deep", "n_layers": 4},
-        "train": {"lr": lr},
+        "train": {"lr": lr, "max_steps": 20},
         "runtime": {"vocab_size": VOCAB, "global_batch_tokens": 2048},
         "claims": CLAIMS,
     }

@@ -53,7 +53,8 @@ def test_smoke_run_logs_every_key_group(norm, tmp_path, cache_dir):
         "attn/layers.0/max_logit",
     ):
         assert key in keys, key
-    assert ("act/final_norm/gain_std" in keys) == (norm != "identity")  # identity has no gain
+    has_gain = build_norm(norm, 8).effective_gain() is not None  # identity and the L2 norm have none
+    assert ("act/final_norm/gain_std" in keys) == has_gain
     assert all(math.isfinite(r["train/loss"]) for r in rows)
     assert rows[-1]["val/ppl"] == pytest.approx(math.exp(rows[-1]["val/loss"]))
 
@@ -159,7 +160,7 @@ def test_rerunning_a_finished_run_trains_nothing_and_writes_nothing(tmp_path, ca
     "override, allowed",
     [
         ("train.nan_policy=ignore", "[stop, skip, record]"),
-        ("norm.placement=sandwich", "[pre, post, peri, reordered, deepnorm, mix_ln]"),
+        ("norm.placement=sandwich", "[pre, post, peri, reordered, deepnorm, ngpt, mix_ln]"),
         ("norm.qk_axis=rows", "[head, all]"),
         ("norm.gain=unit", "[standard, one_plus, none]"),
         ("norm.roles.q.gain=unit", "[standard, one_plus, none]"),
@@ -353,8 +354,9 @@ def test_weight_decay_only_on_matrices():
 
     model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, norm="layernorm"))
     cfg = SimpleNamespace(
-        weight_decay=0.1, weight_decay_mode="coupled", decay_norms_and_embeddings=False, lr=1e-3, beta1=0.9, beta2=0.95
-    )
+        optimizer="adamw", weight_decay=0.1, weight_decay_mode="coupled", decay_norms_and_embeddings=False, lr=1e-3,
+        beta1=0.9, beta2=0.95,
+    )  # fmt: skip
     decay, no_decay = build_optimizer(model, cfg, torch.device("cpu")).param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(names[id(p)].endswith("proj.weight") for p in decay["params"])

@@ -1,5 +1,7 @@
 """analysis/claims.py: the one rule that decides "not tested", and the verdict of one paired comparison."""
 
+import json
+
 import pytest
 import yaml
 from synthetic_studies import PRE, QK, write_run, write_study
@@ -90,3 +92,20 @@ def test_claims_recorded_by_older_runs_still_load_without_their_hand_written_exe
 def test_a_claim_that_expects_similar_needs_a_margin():
     with pytest.raises(ValueError, match="needs a margin"):
         Claim("same", "t", "best_loss", QK, PRE, "similar")
+
+
+def test_steps_to_the_baselines_loss_reads_each_curve_against_the_baselines_final_loss(tmp_path):
+    """QK-norm's report runs pass the baseline's final loss (4.0 and 4.1) at step 10 of 20; the baseline
+    gets there at its last step: shares 0.5 against 1, paired by seed."""
+    write_study(tmp_path, GRID, report=(3, 4))
+    for seed in (3, 4):
+        metrics = tmp_path / f"deep-rmsnorm-qk-lr0.01-s{seed}" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        rows[0]["val/loss"] = 3.95
+        metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    study = Study(load_results([str(tmp_path)], "val/loss")[0], "rmsnorm")
+    assert study.steps_to_baseline_loss("rmsnorm-qk", [3, 4]) == 0.5
+    assert study.steps_to_baseline_loss("rmsnorm", [3]) == 1.0
+    claim = Claim("fewer steps", "t", "steps_to_baseline_loss", QK, PRE, "lower")
+    result = evaluate_claim(claim, study)
+    assert (result["difference"], result["seeds"], result["verdict"]) == (-0.5, [3, 4], "agrees")
