@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 from analysis.format import number
@@ -28,6 +27,7 @@ from analysis.runs import (
     group_runs,
     latest_eval,
     loss_ceiling,
+    report_command,
     swept_keys,
 )
 from analysis.stats import welch_p_value
@@ -275,11 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", default="val/loss", help="final metric to compare (val/loss or val/bpb)")
     parser.add_argument("--baseline", default=None, help=f"group to compare against (default: {BASELINE} if present)")
     args = parser.parse_args(argv)
-    try:
-        summary = compare(args.inputs, args.out, args.group_by, args.metric, args.baseline)
-    except RunsError as err:
-        print(f"compare_runs: {err}", file=sys.stderr)
-        return 1
-    print(summary.read_text())
-    print(f"wrote {args.out}")
-    return 0
+    return report_command(
+        "compare_runs", lambda: compare(args.inputs, args.out, args.group_by, args.metric, args.baseline), args.out
+    )

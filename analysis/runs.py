@@ -11,7 +11,9 @@ import hashlib
 import json
 import math
 import statistics
+import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,3 +202,16 @@ def default_baseline(groups) -> str:
     if BASELINE in groups:
         return BASELINE
     return next((g for g in groups if g.startswith(BASELINE + ", ")), next(iter(groups)))
+
+
+def report_command(program: str, write: Callable[[], Path], out: Path) -> int:
+    """How a report script ends: write the report, print it and where it went; a RunsError (no runs, a
+    missing baseline, mixed tokenizers) is the user's to fix, so it is one line and exit status 1."""
+    try:
+        path = write()
+    except RunsError as err:
+        print(f"{program}: {err}", file=sys.stderr)
+        return 1
+    print(path.read_text())
+    print(f"wrote {out}")
+    return 0

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from analysis.claims import claims_of, evaluate_claim
 from analysis.format import interval, number
 from analysis.plots import pyplot, save
 from analysis.results import Result, by_model, load_results, planned_grid
-from analysis.runs import BASELINE, RunsError
+from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import t_interval
 from analysis.study import STATISTICS, Study, per_seed
 
@@ -167,11 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", default="val/loss", help="val/loss, or val/bpb across tokenizers")
     parser.add_argument("--baseline", default=BASELINE)
     args = parser.parse_args(argv)
-    try:
-        path = write_size_report(args.inputs, args.out, args.metric, args.baseline)
-    except RunsError as err:
-        print(f"size_report: {err}", file=sys.stderr)
-        return 1
-    print(path.read_text())
-    print(f"wrote {args.out}")
-    return 0
+    return report_command(
+        "size_report", lambda: write_size_report(args.inputs, args.out, args.metric, args.baseline), args.out
+    )

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from analysis.claims import claims_of, evaluate_claim
 from analysis.format import interval, number
 from analysis.labels import shared_switches
 from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid
-from analysis.runs import BASELINE, RunsError
+from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import paired_comparison, t_interval
 from analysis.study import STATISTICS, TRAINED_MARGIN, UNTRAINED_GAP, Study, explanation, per_seed, seeds_for
 from analysis.study_figures import plot_attention_logits, plot_depth_and_kurtosis, plot_loss_vs_lr
@@ -349,11 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=BASELINE)
     parser.add_argument("--model", default=None, help="the model to report on (default: the one with the most runs)")
     args = parser.parse_args(argv)
-    try:
-        path = write_report(args.inputs, args.out, args.metric, args.speed, args.baseline, args.model)
-    except RunsError as err:
-        print(f"study_report: {err}", file=sys.stderr)
-        return 1
-    print(path.read_text())
-    print(f"wrote {args.out}")
-    return 0
+    return report_command(
+        "study_report",
+        lambda: write_report(args.inputs, args.out, args.metric, args.speed, args.baseline, args.model),
+        args.out,
+    )

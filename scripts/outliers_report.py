@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from analysis.outliers_report import write_report
-from analysis.runs import BASELINE, RunsError
+from analysis.runs import BASELINE, report_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,14 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("outliers"))
     parser.add_argument("--baseline", default=BASELINE)
     args = parser.parse_args(argv)
-    try:
-        path = write_report(args.inputs, args.out, args.baseline)
-    except RunsError as err:
-        print(f"outliers_report: {err}", file=sys.stderr)
-        return 1
-    print(path.read_text())
-    print(f"wrote {args.out}")
-    return 0
+    return report_command("outliers_report", lambda: write_report(args.inputs, args.out, args.baseline), args.out)
 
 
 if __name__ == "__main__":
