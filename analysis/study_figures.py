@@ -1,4 +1,4 @@
-"""A learning-rate study's figures: loss against rate, attention logits, the stream with depth, outlier features."""
+"""A learning-rate study's figures: loss against rate and step, attention logits, the stream with depth, outlier features."""
 
 from __future__ import annotations
 
@@ -40,6 +40,30 @@ def plot_loss_vs_lr(results: list[Result], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_title("x: diverged (plotted at the initial loss)")
     axes[0].legend(fontsize=8, loc="center left")  # clear of the diverged marks along the top
+    save(fig, path)
+
+
+def plot_loss_vs_step(results: list[Result], best_lrs: dict[str, float], path: Path) -> None:
+    """Validation loss against step, each variant at its own best rate, mean over the seeds that ran there."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (variant, lr) in enumerate(sorted(best_lrs.items())):
+        curves: dict[int, list[float]] = {}
+        for r in results:
+            if r.variant == variant and r.lr == lr and r.diverged_at is None:
+                for row in r.run.rows:
+                    if VAL_LOSS in row:
+                        curves.setdefault(row["step"], []).append(row[VAL_LOSS])
+        steps = sorted(curves)
+        style = {"color": plt.get_cmap("tab20")(i % 20), "linestyle": ("-", "--", ":")[i // 20 % 3]}
+        ax.plot(
+            steps, [statistics.fmean(curves[s]) for s in steps], marker=".", label=f"{variant} (lr {lr:g})", **style
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("each variant at its best rate, mean over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     save(fig, path)
 
 

@@ -11,7 +11,7 @@ instabilities") and Peri-LN (Kim et al. 2025). Reads every run under the inputs 
 metrics are named and skipped) and writes into --out:
 
 - loss_vs_lr.png: final validation loss and bits per byte against learning rate, one curve per
-  variant, diverged runs marked at the initial loss;
+  variant, diverged runs marked at the initial loss; loss_vs_step.png: each at its best rate;
 - report.md and study.json: per variant its rates, the best rate its selection seeds chose, the
   held-out loss its report seeds give there (paired against the baseline's), its LR sensitivity,
   divergences; the speed table when --speed names a scripts/bench_variants.py result; and the claims
@@ -37,7 +37,7 @@ from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results,
 from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import paired_comparison, t_interval
 from analysis.study import STATISTICS, TRAINED_MARGIN, UNTRAINED_GAP, Study, explanation, per_seed, seeds_for
-from analysis.study_figures import plot_attention_logits, plot_depth_and_kurtosis, plot_loss_vs_lr
+from analysis.study_figures import plot_attention_logits, plot_depth_and_kurtosis, plot_loss_vs_lr, plot_loss_vs_step
 
 SENSITIVITY, BEST_LOSS = STATISTICS["lr_sensitivity"], STATISTICS["best_loss"]
 
@@ -225,6 +225,7 @@ def write_report(
     evaluated = [evaluate_claim(claim, study) for claim in claims_of(results, inputs)]
     out.mkdir(parents=True, exist_ok=True)
     plot_loss_vs_lr(results, out / "loss_vs_lr.png")
+    plot_loss_vs_step(results, {name: s.best_lr for name, s in summaries.items()}, out / "loss_vs_step.png")
     reference = study.reference_lr
     above = next((lr for lr in study.grid if reference is not None and lr > reference), None)
     logit_rates = [lr for lr in (reference, above) if lr is not None]
@@ -290,6 +291,8 @@ the initial loss), mean over the selection seeds. LR sensitivity (Wortsman et al
 each selection seed's own curve, the mean over the common grid of (capped loss − the best of them); the
 value is the mean over seeds. Every interval is Student's t over seeds (95%), the p-value the paired
 t-test on the same differences.
+
+![validation loss against step, each variant at its best rate](loss_vs_step.png)
 
 ## What the numbers show
 

@@ -42,7 +42,7 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     out = tmp_path / "report"
     assert study_report.main([str(study), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    for figure in ("loss_vs_lr.png", "attention_logits.png", "depth.png", "feature_kurtosis.png"):
+    for figure in ("loss_vs_lr.png", "loss_vs_step.png", "attention_logits.png", "depth.png", "feature_kurtosis.png"):
         assert (out / figure).stat().st_size > 5_000, figure
     data = json.loads((out / "study.json").read_text())
     assert data["learning_rates"] == [0.001, 0.01, 0.1] and data["unigram_loss"] is None
