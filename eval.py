@@ -184,12 +184,12 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
     _write_json(out_dir / "eval.json", results)
     _print_table(results)
     if cfg.logger.name == "wandb":
-        sink = WandbLogger(
+        logger = WandbLogger(
             cfg.logger, out_dir, "eval", "eval", OmegaConf.to_container(cfg, enum_to_str=True), job_type="eval"
         )
         for result in results.values():
-            sink.log({k: v for k, v in result.items() if isinstance(v, (int, float))})
-        sink.close()
+            logger.log({k: v for k, v in result.items() if isinstance(v, (int, float))})
+        logger.close()
     return results
 
 

@@ -5,7 +5,7 @@
 
 Each model in the runs is a study of its own (analysis/study.py) over the variants every model
 ran; the report plots each variant's LR sensitivity, with its 95% interval over seeds, against
-the model's parameter count, and evaluates the experiment's claims at each size. Far below the
+the model's parameter count, and evaluates the study spec's claims at each size. Far below the
 paper's sizes, a difference that does not show is "not seen below N parameters", not "absent".
 """
 

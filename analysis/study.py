@@ -1,6 +1,6 @@
 """A learning-rate study's statistics: each variant's best rate, LR sensitivity and best loss, per seed.
 
-Seeds have two jobs (DESIGN.md's evidence rules). A variant's *selection seeds* ran every rate it
+Seeds have two jobs (the project's evidence rules). A variant's *selection seeds* ran every rate it
 ran at: they choose its best rate (the lowest mean capped loss on the selection windows) and give
 every statistic of the whole curve. Its *report seeds* ran at the best rate only, after it was
 chosen: they report its loss there, on the held-out windows, free of the luck that chose it.

@@ -3,7 +3,7 @@
 The library behind ``scripts/study_report.py`` (its statistics: analysis/study.py; its claims:
 analysis/claims.py; its figures: analysis/study_figures.py):
 
-    python train.py -m +experiment=stability
+    python scripts/run_study.py +experiment=stability      # trains the study, then writes this report
     python scripts/study_report.py runs/stability --out study/ --speed bench_out/variants/results.json
 
 In the style of Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training

@@ -35,7 +35,7 @@ class StudySpec:
 
 
 def load_study_spec(name: str, overrides: list[str] = (), folder: Path = SPECS) -> StudySpec:
-    """The spec ``folder/<name>.yaml`` with ``overrides`` (``plan.best_rate_seeds=3``) on top, typed: a
+    """The spec ``folder/<name>.yaml`` with ``overrides`` (``plan.report_seeds=3``) on top, typed: a
     misspelled key or a wrong type is refused with its name."""
     path = Path(folder) / f"{name}.yaml"
     if not path.is_file():

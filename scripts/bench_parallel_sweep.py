@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from compare_runs import find_run_dirs, load_run
-
+from analysis.runs import find_run_dirs, load_run
 from training.cpu_threads import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
     python scripts/run_study.py +experiment=stability --out docs/study
     python scripts/run_study.py +experiment=stability --dry-run       # what it would train, and how long
-    python scripts/run_study.py +experiment=stability plan.best_rate_seeds=3   # the spec's plan, changed
+    python scripts/run_study.py +experiment=stability plan.report_seeds=3   # the spec's plan, changed
 
 The study's spec is configs/study/<experiment>.yaml (analysis/study_spec.py); ``plan.<key>=<value>``
 arguments change its plan. The other arguments besides --out and --dry-run are Hydra overrides, passed

@@ -1,6 +1,6 @@
 """A learning-rate study's report: which norm variants train well over which rates, and its claims.
 
-    python train.py -m +experiment=stability
+    python scripts/run_study.py +experiment=stability      # trains the study, then writes this report
     python scripts/study_report.py runs/stability --out study/ --speed bench_out/variants/results.json
 
 What it computes (LR sensitivity, the claims' intervals and verdicts) and the figures it writes

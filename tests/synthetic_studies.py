@@ -5,6 +5,8 @@ import math
 
 import yaml
 
+from analysis.results import PLAN_FILE
+
 QK = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": "rmsnorm"}
 PRE = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": None}
 CLAIMS = [
@@ -36,7 +38,6 @@ def write_run(root, variant, lr, final_loss, seed=0, diverged_at=None, tokenizer
         "model": {"name": "deep", "n_layers": 4},
         "train": {"lr": lr, "max_steps": 20},
         "runtime": {"vocab_size": VOCAB, "global_batch_tokens": 2048},
-        "claims": CLAIMS,
     }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     (run / "tokenizer.json").write_text(tokenizer)
@@ -70,3 +71,6 @@ def write_study(root, grid: dict, selection=(0, 1, 2), report=(3, 4), best_lr=0.
         for seed in report:
             loss = by_lr[best_lr]
             write_run(root, variant, best_lr, loss + 0.1 * (seed - report[0]), seed=seed, **kwargs)
+    # What scripts/run_study.py records in the study's folder: the grid and the spec's claims.
+    rates = sorted({lr for by_lr in grid.values() for lr in by_lr})
+    (root / PLAN_FILE).write_text(json.dumps({"learning_rates": rates, "variants": list(grid), "claims": CLAIMS}))

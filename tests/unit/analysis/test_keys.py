@@ -1,4 +1,4 @@
-"""The analysis package's contracts: metric keys by declared templates, the statistics, claim verdicts."""
+"""analysis/keys.py: readers ask for metric keys by the templates the probes declare, and every template is written."""
 
 import contextlib
 
