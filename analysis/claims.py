@@ -30,7 +30,7 @@ from typing import Any, Dict, List  # noqa: UP035  # OmegaConf reads these annot
 from analysis.results import Result, read_plan
 from analysis.runs import RunsError
 from analysis.stats import paired_comparison
-from analysis.study import STATISTICS, Study, matches, per_seed, seeds_for
+from analysis.study import STATISTICS, Study, matches, seeds_for
 from training.run_record import flatten
 
 # ruff: noqa: UP006
@@ -66,9 +66,9 @@ class Claim:
             )
 
 
-def outside_regime(claim: Claim, config: dict) -> str | None:
-    """Why a run config lies outside the claim's regime (``model.n_layers = 4, the paper's from 12``), or None."""
-    flat = flatten(config)
+def outside_regime(claim: Claim, flat: dict[str, Any]) -> str | None:
+    """Why a run's flattened config lies outside the claim's regime (``model.n_layers = 4, the paper's from 12``),
+    or None."""
     for key, bounds in claim.regime.items():
         value = flat.get(key)
         low, high = bounds.get("min"), bounds.get("max")
@@ -94,7 +94,7 @@ def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str
         bound = next((fields for fields in claim.fixed_by if matches(config.__getitem__, fields)), None)
         if bound is not None:
             return f"{claim.statistic} is bounded by construction in {variant} ({bound}), so a difference is no finding"
-        if (why := outside_regime(claim, study.config(variant))) is not None:
+        if (why := outside_regime(claim, config)) is not None:
             return f"outside the paper's regime: {variant} has {why}"
     return None
 
@@ -119,27 +119,25 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     reason = preconditions_fail(claim, study, arm, against)
     if reason is not None:
         return {**result, "verdict": "not tested", "reason": reason}
-    candidates = seeds_for(study, statistic, arm, against)
-    seeds = [
-        s
-        for s in candidates
-        if len(per_seed(study, statistic, arm, [s]) + per_seed(study, statistic, against, [s])) == 2
-    ]
-    if not seeds:
+    pairs = {}  # seed -> (arm's value, against's value), for the seeds that have both
+    for seed in seeds_for(study, statistic, arm, against):
+        a, b = statistic.compute(study, arm, [seed]), statistic.compute(study, against, [seed])
+        if a is not None and b is not None:
+            pairs[seed] = (a, b)
+    if not pairs:
         return {
             **result,
             "verdict": "not tested",
             "reason": f"no {statistic.seeds} seed has {claim.statistic} in both arms",
         }
-    values_arm, values_against = per_seed(study, statistic, arm, seeds), per_seed(study, statistic, against, seeds)
-    comparison = paired_comparison([a - b for a, b in zip(values_arm, values_against)], claim.expect, claim.margin)
+    comparison = paired_comparison([a - b for a, b in pairs.values()], claim.expect, claim.margin)
     result.update(
-        value_arm=sum(values_arm) / len(seeds),
-        value_against=sum(values_against) / len(seeds),
+        value_arm=sum(a for a, _ in pairs.values()) / len(pairs),
+        value_against=sum(b for _, b in pairs.values()) / len(pairs),
         difference=comparison.difference,
         ci95=comparison.ci95,
         p=comparison.p,
-        seeds=seeds,
+        seeds=list(pairs),
         verdict=comparison.verdict,
     )
     if comparison.ci95 is None:

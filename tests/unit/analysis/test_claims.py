@@ -75,9 +75,9 @@ def test_every_claim_meets_the_same_rule_for_not_tested(tmp_path, claim, reason)
 
 def test_the_regime_is_checked_against_the_runs_own_config():
     claim = Claim("deep", "t", "best_loss", QK, PRE, "lower", regime={"model.n_layers": {"min": 12, "max": 48}})
-    assert outside_regime(claim, {"model": {"n_layers": 16}}) is None
-    assert outside_regime(claim, {"model": {"n_layers": 64}}).startswith("model.n_layers = 64")
-    assert outside_regime(claim, {"model": {}}).startswith("model.n_layers = None")
+    assert outside_regime(claim, {"model.n_layers": 16}) is None
+    assert outside_regime(claim, {"model.n_layers": 64}).startswith("model.n_layers = 64")
+    assert outside_regime(claim, {"model.name": "deep"}).startswith("model.n_layers = None")
 
 
 def test_claims_recorded_by_older_runs_still_load_without_their_hand_written_exemptions(tmp_path):
