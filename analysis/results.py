@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,11 +71,6 @@ def heldout_loss(result: Result) -> float:
     if value is None or result.diverged_at is not None:
         return capped_loss(result)
     return min(value, result.initial_loss)
-
-
-def mean_capped(runs: list[Result], seeds: list[int] | None = None) -> float:
-    """The mean capped loss of ``runs`` (of those seeds only, when given)."""
-    return statistics.fmean(capped_loss(r) for r in runs if seeds is None or r.seed in seeds)
 
 
 def by_model(results: list[Result]) -> dict[str, list[Result]]:
