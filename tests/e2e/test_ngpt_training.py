@@ -6,9 +6,7 @@ from tiny_runs import compose_config, read_metrics, run_tiny
 from training.checkpoint import list_checkpoints
 
 
-@pytest.mark.parametrize(
-    "train", ["default", "gpu"], ids=["train=default", "train=gpu"]
-)  # an id "gpu" would mark it GPU-only
+@pytest.mark.parametrize("train", ["default", "gpu"])
 def test_norm_ngpt_sets_its_model_and_training_parts_over_the_groups_defaults(train):
     cfg = compose_config("norm=ngpt", f"train={train}")
     assert (cfg.norm.name, cfg.norm.placement, cfg.model.tie_embeddings) == ("l2norm", "ngpt", False)
