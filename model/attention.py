@@ -17,10 +17,11 @@ from model.norm_roles import norm_for
 from model.rope import apply_rope
 
 
-def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Pre-softmax scores q k^T / sqrt(head_dim), (batch, heads, seq, keys), each key head serving its query group."""
+def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Pre-softmax scores q k^T * scale, (batch, heads, seq, keys), each key head serving its query group;
+    ``scale`` None is 1/sqrt(head_dim)."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    return (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    return (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
 
 
 def allowed_positions(seq: int, start_pos: int, device) -> torch.Tensor:
@@ -28,10 +29,13 @@ def allowed_positions(seq: int, start_pos: int, device) -> torch.Tensor:
     return torch.ones(seq, start_pos + seq, dtype=torch.bool, device=device).tril(start_pos)
 
 
-def masked_scores(q: torch.Tensor, k: torch.Tensor, start_pos: int, cap: float | None = None) -> torch.Tensor:
-    """The scores as the softmax receives them: q k^T / sqrt(d) in float32 at least, soft-capped when
-    ``cap`` is set, -inf where a query may not attend (the explicit path, QK-clip's maxima, probes)."""
-    scores = attention_scores(q, k)
+def masked_scores(
+    q: torch.Tensor, k: torch.Tensor, start_pos: int, cap: float | None = None, scale: float | None = None
+) -> torch.Tensor:
+    """The scores as the softmax receives them: q k^T * scale (1/sqrt(d) by default) in float32 at least,
+    soft-capped when ``cap`` is set, -inf where a query may not attend (the explicit path, QK-clip's maxima,
+    probes)."""
+    scores = attention_scores(q, k, scale)
     scores = softcap(scores.to(torch.promote_types(scores.dtype, torch.float32)), cap)
     return scores.masked_fill(~allowed_positions(q.shape[2], start_pos, q.device), float("-inf"))
 
@@ -57,12 +61,13 @@ class ScoresTap(nn.Module):
 
     SDPA never materializes the scores; a probe that needs them (training/probes/attention.py)
     hooks this module and computes them on its own pass, so training steps pay nothing.
-    ``softcap`` is the cap the softmax's scores get (None for none), for probes to apply.
+    ``softcap`` is the cap the softmax's scores get (None for none) and ``scale`` the softmax scale
+    (None: 1/sqrt(d_head)), for probes to apply.
     """
 
-    def __init__(self, softcap: float | None) -> None:
+    def __init__(self, softcap: float | None, scale: float | None = None) -> None:
         super().__init__()
-        self.softcap = softcap
+        self.softcap, self.scale = softcap, scale
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, start_pos: int) -> None:
         return None

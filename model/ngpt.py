@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import Attention, KVCache
+from model.attention import Attention, KVCache, ScoresTap
 from model.config import ModelConfig
 from model.mlp import SwiGLU
 from model.norm_roles import norm_for
@@ -71,6 +71,7 @@ class NGPTAttention(Attention):
         self.q_unit, self.k_unit = norm_for(unit, "q", cfg.head_dim), norm_for(unit, "k", cfg.head_dim)
         self.s_q = ScaledVector(cfg.n_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
         self.s_k = ScaledVector(cfg.n_kv_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
+        self.scores = ScoresTap(None, scale=math.sqrt(cfg.head_dim))
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -82,9 +83,8 @@ class NGPTAttention(Attention):
         k = self.k_unit(k) * self.s_k().view(self.n_kv_heads, 1, self.head_dim)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)
-        # The tap's readers form q k^T / sqrt(d_head); scaled by d_head, that is nGPT's q k^T sqrt(d_head).
-        self.scores(q * self.head_dim, k, start_pos)
-        out = self._sdpa(q, k, v, start_pos, scale=math.sqrt(self.head_dim))
+        self.scores(q, k, start_pos)
+        out = self._sdpa(q, k, v, start_pos, scale=self.scores.scale)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

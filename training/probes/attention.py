@@ -35,7 +35,7 @@ class AttentionLogits(Probe):
     def _measure(self, index: int):
         def measure(module: ScoresTap, args, output) -> None:
             q, k, start_pos = args
-            stats = attention_stats(masked_scores(q.float(), k.float(), start_pos, module.softcap))
+            stats = attention_stats(masked_scores(q.float(), k.float(), start_pos, module.softcap, module.scale))
             self.values[f"attn/layers.{index}/max_logit"] = stats["max_logit"]
             self.values[f"attn/layers.{index}/entropy"] = stats["entropy"]
             for head, value in enumerate(stats["per_head"]):

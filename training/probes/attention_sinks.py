@@ -36,7 +36,7 @@ class AttentionSinks(Probe):
             q, k, start_pos = args
             if start_pos != 0 or q.shape[2] < 2:  # a cached decoding step does not see position 0 as a query would
                 return
-            weights = masked_scores(q.float(), k.float(), 0, module.softcap).softmax(-1)
+            weights = masked_scores(q.float(), k.float(), 0, module.softcap, module.scale).softmax(-1)
             for key, value in sink_stats(weights).items():
                 self.values[f"attn/layers.{index}/{key}"] = value
 

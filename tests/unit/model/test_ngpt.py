@@ -1,5 +1,6 @@
 """nGPT (model/ngpt.py, model/blocks.py NGPTBlock): its block as its formula, unit vectors everywhere, refusals."""
 
+import contextlib
 import math
 
 import pytest
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from model import ModelConfig, Transformer
 from model.ngpt import ScaledVector
 from model.rope import apply_rope
+from training.probes import run_probes
 
 
 def ngpt(**overrides) -> ModelConfig:
@@ -136,3 +138,12 @@ def test_the_gradient_reaches_every_learned_scale():
 def test_what_ngpt_cannot_be_is_refused_with_the_key_to_change(overrides, message):
     with pytest.raises(ValueError, match=message):
         Transformer(ngpt(**overrides))
+
+
+def test_the_attention_probes_read_ngpts_logits_with_its_softmax_scale():
+    """The scores tap carries nGPT's sqrt(d_head): unit q and k scaled by s_qk = 1 give logits within sqrt(d_head)."""
+    torch.manual_seed(0)
+    model = Transformer(ngpt())
+    metrics = run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext())
+    logits = [metrics[f"attn/layers.{i}/max_logit"] for i in range(2)]
+    assert all(1.0 < value <= math.sqrt(8) + 1e-5 for value in logits)  # under 1/sqrt(d) they would sit below 0.36
