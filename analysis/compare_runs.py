@@ -4,16 +4,20 @@ The library behind ``scripts/compare_runs.py``. Runs are grouped by a config key
 every key they differ in except the seed (their variant, e.g. ``rmsnorm-peri-qk``, and, say, the
 learning rate), so only seeds are pooled: curves show the mean over
 a group's runs with a band of one standard deviation. The summary compares each group's final
-validation metric with the baseline group's, with Welch's t-test when both have at least two runs.
+validation metric with the baseline group's as the studies do: runs of one seed share their initial
+weights and batches across groups, so the unit is the per-seed difference, through the studies' verdict
+engine (``analysis.stats.paired_comparison``); groups whose seeds do not pair get Welch's unpaired test,
+named as such, and one run a side gets no test.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.format import number
+from analysis.format import interval, number
 from analysis.keys import instances, metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import (
@@ -30,7 +34,7 @@ from analysis.runs import (
     report_command,
     swept_keys,
 )
-from analysis.stats import welch_p_value
+from analysis.stats import Comparison, paired_comparison, unpaired_comparison
 
 NORM_IN_RMS = metric_key("act/{norm}/in_rms")
 NORM_IN_KURTOSIS = metric_key("act/{norm}/in_kurtosis")
@@ -198,31 +202,102 @@ def _median_of(runs: list[Run], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+# A two-sided comparison, read from the engine's verdict for expect="lower"
+READING = {"agrees": "lower", "disagrees": "higher", "inconclusive": "no difference shown"}
+# The fewest seeds (pairs, or runs on the smaller side) a reading is made from: the studies' own minimum,
+# and the smallest count at which the engine's coverage is simulated (tests/unit/analysis/test_stats.py)
+MIN_SEEDS_TO_READ = 3
+
+SUMMARY_NOTE = (
+    "Final metric: mean ± standard deviation over each group's runs. Δ: the group minus the baseline with "
+    "its 95% interval and p, compared as the studies compare: paired by seed (runs of one seed share their "
+    "initial weights and batches, so the unit is the per-seed difference; Student's t on the differences, "
+    "analysis.stats.paired_comparison) over the seeds both groups ran; where fewer than two seeds pair, "
+    "Welch's unpaired t-test, named as such; with one run on a side, no test. A reading of lower or higher "
+    f"means the interval excludes 0, and is made from {MIN_SEEDS_TO_READ} seeds or more (the studies' minimum); "
+    "each row is one comparison, not a corrected family."
+)
+
+
+@dataclass(frozen=True)
+class AgainstBaseline:
+    """How a group compared with the baseline: the test, in words, and what it returned (None: no test)."""
+
+    test: str
+    result: Comparison | None
+
+
+def _finals_by_seed(runs: list[Run], metric: str) -> dict[int, float] | None:
+    """The final ``metric`` per seed, or None where a seed ran twice in the group (it cannot pair)."""
+    by_seed = {}
+    for run in runs:
+        seed, value = run.config.get("seed"), run.last(metric)
+        if value is None:
+            continue
+        if seed in by_seed:
+            return None
+        by_seed[seed] = value
+    return by_seed
+
+
+def _seed_list(seeds) -> str:
+    return ", ".join(map(str, sorted(seeds)))
+
+
+def against_baseline(runs: list[Run], base_runs: list[Run], metric: str) -> AgainstBaseline:
+    """The group's final ``metric`` against the baseline's: paired by seed over the seeds both ran (two or
+    more), else Welch's unpaired test over every run, else (one run on a side) no test."""
+    mine, base = _finals_by_seed(runs, metric), _finals_by_seed(base_runs, metric)
+    if mine is not None and base is not None:
+        common = sorted(mine.keys() & base.keys())
+        if len(common) >= 2:
+            unpaired = (mine.keys() | base.keys()) - set(common)
+            test = f"paired t, seeds {_seed_list(common)}" + (
+                f" (seeds {_seed_list(unpaired)} ran on one side only: left out)" if unpaired else ""
+            )
+            return AgainstBaseline(test, paired_comparison([mine[s] - base[s] for s in common], "lower"))
+    a = [v for r in runs if (v := r.last(metric)) is not None]
+    b = [v for r in base_runs if (v := r.last(metric)) is not None]
+    result = unpaired_comparison(a, b)
+    if result is None:
+        return AgainstBaseline("no test: one run on a side", None)
+    return AgainstBaseline("Welch's t, unpaired: fewer than two seeds pair", result)
+
+
+def reading(result: Comparison | None) -> str:
+    if result is None:
+        return "–"
+    if result.seeds < MIN_SEEDS_TO_READ:
+        return f"not read: {result.seeds} seeds"
+    return READING[result.verdict]
+
+
 def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | None) -> str:
     finals = {name: [v for r in runs if (v := r.last(metric)) is not None] for name, runs in groups.items()}
     if baseline is not None and baseline not in groups:
         raise RunsError(f"--baseline {baseline!r} is not one of the groups: {', '.join(groups)}")
-    base = finals.get(baseline, [])
     deltas = {name: quant_deltas(runs) for name, runs in groups.items()}
     schemes = sorted({scheme for d in deltas.values() for scheme in d})
     lines = [
-        f"| group | runs | final {metric} | Δ vs {baseline} | Welch p | "
+        f"| group | runs | seeds | final {metric} | Δ vs {baseline} [95% CI] | p | reading | compared by | "
         + "".join(f"Δ loss {s} | " for s in schemes)
         + "tokens/s | MFU | peak mem (GB) | time in norms |",
-        "|---|---|---|---|---|" + "---|" * len(schemes) + "---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(schemes) + "---|---|---|---|",
     ]
     for name, runs in groups.items():
         values = finals[name]
         mean = statistics.fmean(values) if values else None
         std = statistics.stdev(values) if len(values) > 1 else 0.0
-        delta = p = None
-        if base and values and name != baseline:
-            delta = mean - statistics.fmean(base)
-            p = welch_p_value(values, base)
-        p_text = "–" if p is None else f"{p:.3g}{' (significant at 0.05)' if p < 0.05 else ''}"
+        comparison = None
+        if baseline is not None and name != baseline and values and finals[baseline]:
+            comparison = against_baseline(runs, groups[baseline], metric)
+        result = comparison.result if comparison else None
+        delta_text = f"{number(result.difference, '+.4f')}{interval(result.ci95, '+.4f')}" if result else "–"
         norm_frac = _mean_of_last(runs, NORM_TIME_FRAC)
         lines.append(
-            f"| {name} | {len(runs)} | {number(mean, '.4f')} ± {std:.4f} | {number(delta, '+.4f')} | {p_text} | "
+            f"| {name} | {len(runs)} | {_seed_list({r.config.get('seed') for r in runs})} | "
+            f"{number(mean, '.4f')} ± {std:.4f} | {delta_text} | {number(result.p if result else None, '.3g')} | "
+            f"{reading(result)} | {comparison.test if comparison else '–'} | "
             + "".join(f"{number(deltas[name].get(s), '+.4f')} | " for s in schemes)
             + f"{number(_median_of(runs, TOKENS_PER_SEC), ',.0f')} | {number(_median_of(runs, MFU), '.1%')} | "
             f"{number(_mean_of_last(runs, PEAK_MEM), '.2f')} | {number(norm_frac, '.1%')} |"
@@ -252,7 +327,7 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     )
     summary = (
         f"# Run comparison, grouped by {grouping}\n\n{summary_table(groups, metric, baseline)}\n\n"
-        f"Final {metric}: mean ± standard deviation over each group's runs (seeds pooled). "
+        f"{SUMMARY_NOTE} "
         "Throughput, MFU and time in norms are medians over logged steps, averaged over runs. "
         "Δ loss <scheme>: the quantized minus the float loss that eval.py quant=[...] wrote in each run's "
         "eval.json, mean over the group's evaluated runs.\n\n"

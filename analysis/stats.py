@@ -1,6 +1,7 @@
 """The statistics that claims rest on, all from ``scipy.stats``: the verdict engine, t-tests, Spearman's rho.
 
-``paired_comparison`` is what every report calls: Student's t on per-seed paired differences. The
+``paired_comparison`` is what every report calls: Student's t on per-seed paired differences
+(``unpaired_comparison``, Welch's, only where runs do not pair by seed). The
 rest are thin wrappers that fix what a report needs and scipy leaves open: too few values give None
 (no test, no interval) instead of NaN and a warning, constant differences give a definite p. The
 percentile bootstrap stays for its simulation test, which shows why no report uses it at 3-8 seeds.
@@ -14,15 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
-
-
-def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Two-sided p-value of Welch's t-test; None with fewer than two values on a side."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    if statistics.variance(a) + statistics.variance(b) == 0:  # scipy: NaN; no spread, so the means decide
-        return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
 def paired_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
@@ -146,3 +138,21 @@ def paired_comparison(differences: Sequence[float], expect: str, margin: float =
         p = p_two
     verdict = "agrees" if agrees else "disagrees" if disagrees else "inconclusive"
     return Comparison(verdict, mean, ci, p, int(d.size))
+
+
+def unpaired_comparison(a: Sequence[float], b: Sequence[float]) -> Comparison | None:
+    """Welch's t-test of mean(a) - mean(b), for groups whose runs do not pair by seed: the fallback,
+    which a caller names as unpaired. The verdict reads as ``expect="lower"`` does; ``seeds`` is the
+    smaller side. None with fewer than two values on a side: one run a side is no test."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    mean = float(x.mean() - y.mean())
+    if _no_spread(x) and _no_spread(y):  # scipy: NaN; no spread, so the means decide
+        ci, p = (mean, mean), (1.0 if mean == 0 else 0.0)
+    else:
+        test = stats.ttest_ind(x, y, equal_var=False)
+        low, high = test.confidence_interval(0.95)
+        ci, p = (float(low), float(high)), float(test.pvalue)
+    verdict = "agrees" if ci[1] < 0 else "disagrees" if ci[0] > 0 else "inconclusive"
+    return Comparison(verdict, mean, ci, p, min(x.size, y.size))

@@ -33,7 +33,7 @@ def _():
 
     from analysis.bench_norms import IMPLEMENTATIONS
     from analysis.bench_norms import run as bench_norms_run
-    from analysis.compare_runs import summary_table
+    from analysis.compare_runs import SUMMARY_NOTE, summary_table
     from analysis.keys import metric_key
     from analysis.norm_properties import invariance_table, prefix_rms_error, registered_norms
     from analysis.runs import (
@@ -64,6 +64,7 @@ def _():
         Path,
         ROOT,
         RunsError,
+        SUMMARY_NOTE,
         bench_norms_run,
         check_comparable,
         default_baseline,
@@ -517,16 +518,15 @@ def _(default_baseline, mo, run_groups, tokenizer_note):
 
 
 @app.cell
-def _(baseline, mo, run_groups, summary_metric, summary_table):
+def _(SUMMARY_NOTE, baseline, mo, run_groups, summary_metric, summary_table):
     mo.vstack(
         [
             mo.md("### Summary (as `scripts/compare_runs.py` writes it)"),
             mo.hstack([summary_metric, baseline], justify="start"),
             mo.md(summary_table(run_groups, summary_metric.value, baseline.value)),
             mo.md(
-                "Final metric: mean ± standard deviation over each group's runs; Welch's t-test against the "
-                "baseline where both groups have two runs or more. Speed in this table comes from runs that may "
-                "have shared a machine: for speed claims use `scripts/bench_variants.py` (interleaved)."
+                f"{SUMMARY_NOTE} Speed in this table comes from runs that may have shared a machine: for speed "
+                "claims use `scripts/bench_variants.py` (interleaved)."
             ),
         ]
     )

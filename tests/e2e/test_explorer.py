@@ -55,8 +55,10 @@ def test_the_runs_section_shows_what_the_runs_logged(sweep, monkeypatch):
     assert list(rms_trace.y) == [last[f"act/layers.{i}/stream_rms"] for i in range(len(rms_trace.y))]
     assert len(rms_trace.y) == 2  # the tiny model's layers
 
-    # The summary is compare_runs' table, with its Welch p-value between the two seeds of each norm.
-    assert "layernorm 2 " in page and "Welch p" in page
+    # The summary is compare_runs' table: layernorm against rmsnorm paired over their two seeds.
+    assert (
+        "layernorm 2 0, 1" in page and "paired t, seeds 0, 1" in page and "Welch" not in page.split("Final metric")[0]
+    )
 
 
 def test_the_norms_section_uses_the_library_and_shows_invariances(monkeypatch, tmp_path):

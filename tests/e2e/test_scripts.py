@@ -1,9 +1,13 @@
 """The scripts (compare_runs.py, norm_properties.py, bench_norms.py, bench_train.py) and the analysis library behind them."""
 
 import json
+import math
+import statistics
 import subprocess
 import sys
 
+import pytest
+from scipy import stats
 from tiny_runs import ROOT
 
 from analysis import compare_runs
@@ -12,28 +16,64 @@ from norms import NORM_NAMES
 PLOTS = ("loss.png", "throughput.png", "activations.png", "gains.png")
 
 
+def final_val_loss(run_dir) -> float:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["val/loss"] for r in rows if "val/loss" in r][-1]
+
+
+def summary_rows(out) -> dict[str, list[str]]:
+    """summary.md's table: the cells of each row, by group."""
+    lines = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
+    return {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)}
+
+
 def test_compare_runs_writes_every_plot_and_the_table(sweep, tmp_path):
     assert compare_runs.main([str(sweep), "--out", str(tmp_path)]) == 0
     for name in PLOTS:
         assert (tmp_path / name).stat().st_size > 10_000, name
-    summary = (tmp_path / "summary.md").read_text()
-    rows = {line.split("|")[1].strip(): line for line in summary.splitlines() if line.startswith("| ")}
+    rows = summary_rows(tmp_path)
     assert set(rows) == {"group", "layernorm", "rmsnorm"}
-    assert "| 2 |" in rows["layernorm"] and "| 2 |" in rows["rmsnorm"]
-    final = [
-        json.loads(x)["val/loss"]
-        for s in (0, 1)
-        for x in (sweep / f"layernorm-s{s}" / "metrics.jsonl").read_text().splitlines()
-        if "val/loss" in json.loads(x) and json.loads(x)["step"] == 4
-    ]
-    assert f"{sum(final) / 2:.4f}" in rows["layernorm"]  # the mean over seeds of the final val loss
-    assert rows["layernorm"].split("|")[5].strip() not in ("", "–")  # a Welch p-value against rmsnorm
+    assert rows["layernorm"][1:3] == ["2", "0, 1"] and rows["rmsnorm"][1:3] == ["2", "0, 1"]
+    final = [final_val_loss(sweep / f"layernorm-s{s}") for s in (0, 1)]
+    assert rows["layernorm"][3].startswith(f"{sum(final) / 2:.4f}")  # the mean over seeds of the final val loss
+    assert rows["rmsnorm"][4:8] == ["–"] * 4  # the baseline is not compared with itself
+
+
+def test_compare_runs_pairs_by_seed_as_a_hand_computation_does(sweep, tmp_path):
+    """Two seeds a side: the per-seed differences d0, d1; mean, sd |d0 - d1| / sqrt 2, and with 1 degree of
+    freedom the 95% t quantile 12.706 and p = 1 - (2/pi) atan|t|."""
+    assert compare_runs.main([str(sweep), "--out", str(tmp_path)]) == 0
+    d = [final_val_loss(sweep / f"layernorm-s{s}") - final_val_loss(sweep / f"rmsnorm-s{s}") for s in (0, 1)]
+    mean, se = (d[0] + d[1]) / 2, abs(d[0] - d[1]) / 2  # sd / sqrt(2) = |d0 - d1| / sqrt(2) / sqrt(2)
+    t = mean / se
+    p = 1 - 2 / math.pi * math.atan(abs(t))
+    row = summary_rows(tmp_path)["layernorm"]
+    assert row[4] == f"{mean:+.4f} [{mean - 12.7062 * se:+.4f}, {mean + 12.7062 * se:+.4f}]"
+    assert float(row[5]) == pytest.approx(p, rel=1e-2)
+    assert row[6] == "not read: 2 seeds"  # an interval and p, but no reading below the studies' three seeds
+    assert row[7] == "paired t, seeds 0, 1"
+
+
+def test_compare_runs_names_the_fallback_where_seeds_do_not_pair(sweep, tmp_path):
+    one_a_side = tmp_path / "one"
+    # seed 1 of layernorm against seed 0 of rmsnorm, one run a side: no test, nothing called lower or higher
+    assert compare_runs.main([str(sweep / "rmsnorm-s0"), str(sweep / "layernorm-s1"), "--out", str(one_a_side)]) == 0
+    row = summary_rows(one_a_side)["layernorm"]
+    assert row[4:8] == ["–", "–", "–", "no test: one run on a side"]
+    # Grouped by the seed, each group holds both norms at one seed: no seed pairs across groups.
+    by_seed = tmp_path / "by_seed"
+    assert compare_runs.main([str(sweep), "--group-by", "seed", "--baseline", "0", "--out", str(by_seed)]) == 0
+    row = summary_rows(by_seed)["1"]
+    assert row[7] == "Welch's t, unpaired: fewer than two seeds pair"
+    a = [final_val_loss(sweep / f"{n}-s1") for n in ("rmsnorm", "layernorm")]
+    b = [final_val_loss(sweep / f"{n}-s0") for n in ("rmsnorm", "layernorm")]
+    assert row[4].startswith(f"{statistics.fmean(a) - statistics.fmean(b):+.4f} [")
+    assert float(row[5]) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-2)
 
 
 def test_compare_runs_groups_by_any_config_key_and_takes_globs(sweep, tmp_path):
     assert compare_runs.main([str(sweep / "*-s0"), "--group-by", "seed", "--out", str(tmp_path)]) == 0
-    summary = (tmp_path / "summary.md").read_text()
-    assert "| 0 | 2 |" in summary
+    assert summary_rows(tmp_path)["0"][1] == "2"
 
 
 def test_compare_runs_errors(sweep, tmp_path, capsys):

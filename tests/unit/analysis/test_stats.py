@@ -6,7 +6,13 @@ import statistics
 import numpy as np
 import pytest
 
-from analysis.stats import bootstrap_ci, paired_comparison, paired_p_value, rank_correlation, welch_p_value
+from analysis.stats import (
+    bootstrap_ci,
+    paired_comparison,
+    paired_p_value,
+    rank_correlation,
+    unpaired_comparison,
+)
 
 
 def test_paired_t_test_by_hand():
@@ -19,7 +25,7 @@ def test_paired_t_test_by_hand():
         paired_p_value([1, 2], [1])
     # Pairing removes what the seeds share: the same gap buried in seed-to-seed spread.
     a, b = [4.0, 5.0, 6.0, 7.0], [4.1, 5.1, 6.12, 7.09]
-    assert paired_p_value(a, b) < 0.001 < 0.5 < welch_p_value(a, b)
+    assert paired_p_value(a, b) < 0.001 < 0.5 < unpaired_comparison(a, b).p
 
 
 def test_bootstrap_interval_holds_the_mean_and_narrows_with_more_values():
@@ -33,11 +39,16 @@ def test_bootstrap_interval_holds_the_mean_and_narrows_with_more_values():
     assert bootstrap_ci([1.0]) is None
 
 
-def test_welch_p_value_by_hand():
-    # a = [1, 3], b = [4, 6]: t = -3 / sqrt(2), df = 2; for df = 2, P(|T| > t) = 1 - t / sqrt(t^2 + 2).
+def test_unpaired_comparison_by_hand():
+    # a = [1, 3], b = [4, 6]: difference -3, se = sqrt(2/2 + 2/2) = sqrt 2, t = -3 / sqrt(2), df = 2 (Welch);
+    # for df = 2, P(|T| > t) = 1 - t / sqrt(t^2 + 2), and the 97.5% quantile is 4.3027.
     t = 3 / math.sqrt(2)
-    assert welch_p_value([1, 3], [4, 6]) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
-    assert welch_p_value([1.0], [2.0, 3.0]) is None
+    result = unpaired_comparison([1, 3], [4, 6])
+    assert result.p == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
+    assert result.ci95 == pytest.approx((-3 - 4.3027 * 2**0.5, -3 + 4.3027 * 2**0.5), abs=1e-3)
+    assert (result.difference, result.verdict, result.seeds) == (-3, "inconclusive", 2)
+    assert unpaired_comparison([1.0, 1.1, 0.9], [3.0, 3.1, 2.9]).verdict == "agrees"  # reads as expect="lower"
+    assert unpaired_comparison([1.0], [2.0, 3.0]) is None  # one run a side is no test
 
 
 def test_rank_correlation_by_hand():
