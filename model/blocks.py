@@ -27,6 +27,7 @@ from torch import nn
 
 from model.attention import Attention, KVCache
 from model.config import ModelConfig
+from model.matrices import logical_matrices
 from model.mlp import SwiGLU
 from model.ngpt import NGPTMLP, NGPTAttention, ScaledVector, base_scale, normalize_along
 from model.norm_roles import norm_for
@@ -143,13 +144,17 @@ class ReorderedBlock(Block):
 class DeepNormBlock(Block):
     """h = N(alpha x + attn(x)); out = N(alpha h + mlp(h)), alpha = (2L)^(1/4).
 
-    Post-norm with the residual up-weighted, and the value, output and MLP weights initialized
-    scaled by beta = (8L)^(-1/4) instead of 1/sqrt(2L): DeepNet's decoder-only constants
-    (Wang et al. 2022, arXiv 2203.00555, Table 1), which bound the model update at any depth.
+    Post-norm with the residual up-weighted, and DeepNet's initialization (Wang et al. 2022, arXiv
+    2203.00555, Figure 2 and Table 1, decoder-only constants): every branch matrix Xavier-normal, std
+    gain * sqrt(2 / (fan_in + fan_out)), with gain beta = (8L)^(-1/4) for the value, output and MLP
+    matrices and 1 for q and k, which bounds the model update at any depth. Until round 4 DeepNorm
+    here drew every matrix at init_std (0.02) and multiplied beta on top, which at d_model = 64 is a
+    base about 2.5x smaller than Xavier's and with 4 layers left it close to plain post-norm.
     """
 
     roles = ("attn_out", "mlp_out")
     has_final_norm = False
+    QK_MATRICES = ("attn.qkv_proj.weight[q]", "attn.qkv_proj.weight[k]")
 
     @property
     def alpha(self) -> float:
@@ -165,13 +170,16 @@ class DeepNormBlock(Block):
         return out
 
     def init_stds(self) -> dict[str, float]:
-        std = self.cfg.init_std * self.beta
-        return {"attn.o_proj": std, "mlp.gate_up_proj": std, "mlp.down_proj": std}
+        return {}  # drawn at init_std, then rescaled to Xavier-normal by after_init
 
     @torch.no_grad()
     def after_init(self) -> None:
-        v_rows = slice((self.cfg.n_heads + self.cfg.n_kv_heads) * self.cfg.head_dim, None)  # qkv rows: [q | k | v]
-        self.attn.qkv_proj.weight[v_rows].mul_(self.beta)
+        """Each logical matrix (q, k and v of the fused weight on their own) rescaled from its N(0, init_std)
+        draw to DeepNet's std: the same draws as every other placement's, so a seed's weights differ by scale."""
+        for name, weight, rows in logical_matrices(self):
+            fan_out, fan_in = weight[rows].shape
+            gain = 1.0 if name in self.QK_MATRICES else self.beta
+            weight[rows] *= gain * math.sqrt(2 / (fan_in + fan_out)) / self.cfg.init_std
 
 
 class NGPTBlock(Block):

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from model.matrices import logical_matrices
+
 WEIGHT_DECAY_MODES = ("coupled", "independent")
 OPTIMIZERS = ("adamw", "muon")
 MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original")
@@ -42,26 +44,7 @@ def coupled_weight_decay(train_cfg, weight_decay: float | None = None) -> float:
 def block_matrices(model: nn.Module) -> list[tuple[str, nn.Parameter, slice]]:
     """The blocks' 2-D weights as Muon should see them: (name, the parameter, its rows), a fused weight
     once per logical matrix (``layers.0.attn.qkv_proj.weight[q]``)."""
-    fused = {
-        f"{module_name}.{param_name}": blocks
-        for module_name, module in model.named_modules()
-        if hasattr(module, "fused_rows")
-        for param_name, blocks in module.fused_rows().items()
-    }
-    matrices = []
-    for name, param in model.named_parameters():
-        if not (name.startswith("layers.") and param.dim() == 2 and param.requires_grad):
-            continue
-        if name not in fused:
-            matrices.append((name, param, slice(None)))
-            continue
-        start = 0
-        for part, rows in fused[name]:
-            matrices.append((f"{name}[{part}]", param, slice(start, start + rows)))
-            start += rows
-        if start != param.shape[0]:
-            raise ValueError(f"{name}: its logical matrices cover {start} of its {param.shape[0]} rows")
-    return matrices
+    return [m for m in logical_matrices(model) if m[0].startswith("layers.") and m[1].requires_grad]
 
 
 def adamw_groups(named: list[tuple[str, nn.Parameter]], train_cfg) -> list[dict]:

@@ -87,15 +87,29 @@ def test_deepnorm_alpha_beta_and_init_against_the_papers_decoder_constants():
     alpha, beta = (2 * L) ** 0.25, (8 * L) ** -0.25
     assert all(isinstance(layer, DeepNormBlock) for layer in deep.layers) and deep.final_norm is None
     assert deep.layers[0].alpha == pytest.approx(alpha) and deep.layers[0].beta == pytest.approx(beta)
-    qk_rows = (4 + 2) * 8
+    xavier = lambda fan_out, fan_in: math.sqrt(2 / (fan_in + fan_out))  # noqa: E731
+    hidden, std, out_scale = pre.layers[0].mlp.down_proj.in_features, 0.02, 1 / math.sqrt(2 * L)
     for d, p in zip(deep.layers, pre.layers):
-        # The same draws: q and k rows as pre-norm's; v, output and MLP weights scaled by beta.
-        torch.testing.assert_close(d.attn.qkv_proj.weight[:qk_rows], p.attn.qkv_proj.weight[:qk_rows])
-        torch.testing.assert_close(d.attn.qkv_proj.weight[qk_rows:], beta * p.attn.qkv_proj.weight[qk_rows:])
-        torch.testing.assert_close(d.mlp.gate_up_proj.weight, beta * p.mlp.gate_up_proj.weight)
-        # Pre-norm's output projections are at init_std / sqrt(2L); DeepNorm's at init_std * beta.
-        torch.testing.assert_close(d.attn.o_proj.weight, beta * math.sqrt(2 * L) * p.attn.o_proj.weight)
-        torch.testing.assert_close(d.mlp.down_proj.weight, beta * math.sqrt(2 * L) * p.mlp.down_proj.weight)
+        # DeepNet's Figure 2: Xavier-normal per logical matrix, gain 1 for q (32 x 32) and k (16 x 32),
+        # beta for v (16 x 32), the output (32 x 32) and the MLP (gate, up: hidden x 32; down: 32 x hidden),
+        # made from the same draws as pre-norm's (N(0, 0.02), output projections N(0, 0.02 / sqrt(2L))).
+        q, k, v = d.attn.qkv_proj.weight.split([32, 16, 16])
+        pq, pk, pv = p.attn.qkv_proj.weight.split([32, 16, 16])
+        torch.testing.assert_close(q, pq * xavier(32, 32) / std)
+        torch.testing.assert_close(k, pk * xavier(16, 32) / std)
+        torch.testing.assert_close(v, pv * beta * xavier(16, 32) / std)
+        torch.testing.assert_close(
+            d.mlp.gate_up_proj.weight, p.mlp.gate_up_proj.weight * beta * xavier(hidden, 32) / std
+        )
+        torch.testing.assert_close(
+            d.attn.o_proj.weight, p.attn.o_proj.weight * beta * xavier(32, 32) / (std * out_scale)
+        )
+        torch.testing.assert_close(
+            d.mlp.down_proj.weight, p.mlp.down_proj.weight * beta * xavier(32, hidden) / (std * out_scale)
+        )
+    torch.manual_seed(0)
+    wide = Transformer(tiny(placement="deepnorm", d_model=256, n_heads=8, n_kv_heads=8)).layers[0]
+    assert wide.attn.o_proj.weight.std().item() == pytest.approx(beta / math.sqrt(256), rel=0.02)  # the std itself
 
 
 @pytest.mark.parametrize("embed_scale", ["sqrt_d", "learned"])
