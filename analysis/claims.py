@@ -1,8 +1,10 @@
 """Claims declared as data, and the one rule that turns a study's runs into their verdicts.
 
 A study's spec lists its claims (configs/study/stability.yaml); each names the paper's finding,
-two arms by config fields (never by parts of a label), a statistic, the direction the paper
-expects, and the preconditions under which the paper's finding applies:
+two arms by config fields (never by parts of a label), or one arm and ``against: null`` for a
+statistic that is itself a difference (the deeper half of a stack minus the first half, against 0),
+a statistic, the direction the paper expects, and the preconditions under which the paper's finding
+applies:
 
     - claim: QK-norm lowers the learning-rate sensitivity
       source: Wortsman et al. 2023, arXiv 2309.14322
@@ -10,22 +12,24 @@ expects, and the preconditions under which the paper's finding applies:
       arm: {norm.qk: rmsnorm}          # the variant whose runs have these config values
       against: {norm.qk: null}
       expect: lower                    # lower | higher | similar (within `margin`, by equivalence test)
+      requires_trained: true           # false for a claim that an arm fails to train
       fixed_by: []                     # configs in which the statistic is bounded by construction
       regime: {}                       # the paper's regime, e.g. {model.n_layers: {min: 12}}
 
 The rule, the same for every claim and decided by the engine, never by hand:
 
-1. **not tested** when an arm is not in the runs; did not train; has its best rate at an edge of the
+1. **not tested** when an arm is not in the runs; did not train (unless the claim is that it fails to:
+   ``requires_trained: false``); has its best rate at an edge of the
    rates it ran; is a configuration in ``fixed_by`` (the statistic is fixed by construction there, so
    a difference is no finding); or lies outside the paper's ``regime`` (compared with its own config).
    The reason says which, with the numbers.
 2. Otherwise the per-seed paired differences (arm minus against, on the seeds both arms have in the
-   role the statistic needs) go through ``analysis.stats.paired_comparison``: **agrees**,
+   role the statistic needs; the arm's own values for a one-arm claim) go through ``analysis.stats.paired_comparison``: **agrees**,
    **disagrees** or **inconclusive**, with the 95% interval and the p-value of the same test.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List  # noqa: UP035  # OmegaConf reads these annotations (the study spec schema)
+from typing import Any, Dict, List, Optional  # noqa: UP035  # OmegaConf reads these annotations (the study spec schema)
 
 from analysis.results import Result, read_plan
 from analysis.runs import RunsError
@@ -33,7 +37,7 @@ from analysis.stats import paired_comparison
 from analysis.study import STATISTICS, Study, matches, seeds_for
 from training.run_record import flatten
 
-# ruff: noqa: UP006
+# ruff: noqa: UP006, UP045
 
 EXPECTATIONS = ("lower", "higher", "similar")
 
@@ -44,9 +48,10 @@ class Claim:
 
     claim: str  # the paper's finding, in words
     source: str  # where it comes from: authors, year, arXiv id
-    statistic: str  # lr_sensitivity | best_loss | stream_growth | max_attn_logit | steps_to_baseline_loss
+    statistic: str  # one of analysis.study.STATISTICS
     arm: Dict[str, Any] = field(default_factory=dict)  # config fields (dotted) that pick the arm's variant
-    against: Dict[str, Any] = field(default_factory=dict)  # and the variant it is compared with
+    # and the variant it is compared with; None: the arm's statistic against 0 (a statistic that is a difference)
+    against: Optional[Dict[str, Any]] = field(default_factory=dict)
     expect: str = "lower"  # lower | higher | similar: the arm's statistic against the other's
     margin: float = 0.0  # for expect: similar, the largest difference that still counts as similar
     # Configurations (config fields, as arm and against) in which the statistic is bounded by
@@ -54,6 +59,9 @@ class Claim:
     fixed_by: List[Dict[str, Any]] = field(default_factory=list)
     # The paper's regime: {dotted config key: {min: x} and/or {max: y}}, checked on both arms' configs.
     regime: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # Whether both arms must have trained. False for a claim that an arm fails to train (post-norm at depth):
+    # there an untrained arm is the finding, read from its loss, not a reason to leave the claim untested.
+    requires_trained: bool = True
 
     def __post_init__(self) -> None:
         if self.expect not in EXPECTATIONS:
@@ -80,16 +88,18 @@ def outside_regime(claim: Claim, flat: dict[str, Any]) -> str | None:
 
 def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str | None) -> str | None:
     """The reason a claim is not tested on these runs, or None when it is (the engine's one rule)."""
-    missing = [str(fields) for fields, v in ((claim.arm, arm), (claim.against, against)) if v is None]
+    sides = [(claim.arm, arm)] + ([(claim.against, against)] if claim.against is not None else [])
+    missing = [str(fields) for fields, v in sides if v is None]
     if missing:
         return f"no variant in these runs has {' or '.join(missing)}"
-    untrained = sorted({arm, against} & study.untrained)
+    variants = [v for _, v in sides]
+    untrained = sorted(set(variants) & study.untrained) if claim.requires_trained else []
     if untrained:
         return f"{', '.join(untrained)} did not train at any rate here"
-    at_edge = sorted(v for v in (arm, against) if not study.best_inside(v))
+    at_edge = sorted(v for v in set(variants) if not study.best_inside(v))
     if at_edge:
         return f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known"
-    for variant in (arm, against):
+    for variant in variants:
         config = flatten(study.config(variant))
         bound = next((fields for fields in claim.fixed_by if matches(config.__getitem__, fields)), None)
         if bound is not None:
@@ -105,7 +115,8 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     if claim.statistic not in STATISTICS:
         raise RunsError(f"claim {claim.claim!r}: unknown statistic {claim.statistic!r}; one of {', '.join(STATISTICS)}")
     statistic = STATISTICS[claim.statistic]
-    arm, against = study.variant_with(claim.arm), study.variant_with(claim.against)
+    arm = study.variant_with(claim.arm)
+    against = study.variant_with(claim.against) if claim.against is not None else None
     result = {
         "claim": claim.claim,
         "source": claim.source,
@@ -119,9 +130,10 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     reason = preconditions_fail(claim, study, arm, against)
     if reason is not None:
         return {**result, "verdict": "not tested", "reason": reason}
-    pairs = {}  # seed -> (arm's value, against's value), for the seeds that have both
-    for seed in seeds_for(study, statistic, arm, against):
-        a, b = statistic.compute(study, arm, [seed]), statistic.compute(study, against, [seed])
+    pairs = {}  # seed -> (arm's value, against's value, or 0 for a one-arm claim), for the seeds that have both
+    for seed in seeds_for(study, statistic, *(v for v in (arm, against) if v is not None)):
+        a = statistic.compute(study, arm, [seed])
+        b = statistic.compute(study, against, [seed]) if against is not None else 0.0
         if a is not None and b is not None:
             pairs[seed] = (a, b)
     if not pairs:

@@ -21,11 +21,12 @@ from typing import Any
 
 from analysis.keys import fields, metric_key
 from analysis.results import VAL_LOSS, Result, capped_loss, common_grid, heldout_loss
-from analysis.runs import Run, RunsError, layer_values
+from analysis.runs import Run, RunsError, latest_eval, layer_values
 from analysis.study_plan import best_rate
 from training.run_record import flatten
 
 STREAM_RMS = metric_key("act/layers.{i}/stream_rms")
+ANGULAR_DISTANCE = metric_key("act/layers.{i}/angular_distance")
 MAX_LOGIT = metric_key("attn/layers.{i}/max_logit")
 GRAD_BY_LAYER = metric_key("grad/{part}").replace("{part}", "layers.{i}")
 SATURATED = metric_key("act/{norm}/saturated")
@@ -50,6 +51,20 @@ def lr_sensitivity(losses_by_lr: dict[float, float]) -> float:
     """Mean over the grid of (capped loss - best capped loss); 0 means equally good at every rate."""
     best = min(losses_by_lr.values())
     return statistics.fmean(loss - best for loss in losses_by_lr.values())
+
+
+def deep_minus_first_half(values: list[float]) -> float | None:
+    """The mean over the deeper half of the blocks minus the mean over the first half (an odd count's middle
+    block in neither): below 0 when the deeper layers change the stream less (the Curse of Depth's reading)."""
+    half = len(values) // 2
+    if half == 0:
+        return None
+    return statistics.fmean(values[-half:]) - statistics.fmean(values[:half])
+
+
+def skip_deltas(run: Run) -> list[float]:
+    """Each block's skip delta from the newest eval.json entry (``eval.py layer_importance=true``), or []."""
+    return ((latest_eval(run) or {}).get("layer_importance") or {}).get("skip_delta") or []
 
 
 def over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]:
@@ -197,6 +212,22 @@ class Study:
             fractions.append(next((step for step, loss in curve if loss <= base.final), last_step) / last_step)
         return statistics.fmean(fractions) if fractions else None
 
+    def _mean_at_best(self, variant: str, seeds, value_of: Callable[[Result], float | None]) -> float | None:
+        """The mean of ``value_of`` over ``seeds`` at the variant's own best rate; None unless every seed has it."""
+        runs = self._runs(variant, self.summaries[variant].best_lr, seeds)
+        values = [v for r in runs if (v := value_of(r)) is not None]
+        return statistics.fmean(values) if values and len(values) == len(list(seeds)) else None
+
+    def deep_half_angular_distance(self, variant: str, seeds) -> float | None:
+        """How much less the deeper half of the blocks turns the stream than the first half (angular distance,
+        deeper minus first), at the end of training at the variant's own best rate."""
+        return self._mean_at_best(variant, seeds, lambda r: deep_minus_first_half(r.run.by_layer(ANGULAR_DISTANCE)))
+
+    def deep_half_skip_delta(self, variant: str, seeds) -> float | None:
+        """How much less the loss rises without a deeper-half block than without a first-half one (skip delta,
+        deeper minus first, from eval.py layer_importance=true), at the variant's own best rate."""
+        return self._mean_at_best(variant, seeds, lambda r: deep_minus_first_half(skip_deltas(r.run)))
+
     def max_attn_logit(self, variant: str, seeds) -> float | None:
         """The largest attention logit (over layers) at the last stats step, at the highest rate at which
         the baseline trained."""
@@ -222,6 +253,12 @@ STATISTICS: dict[str, Statistic] = {
     "max_attn_logit": Statistic(Study.max_attn_logit, "selection", "at the highest rate the baseline trained"),
     "steps_to_baseline_loss": Statistic(
         Study.steps_to_baseline_loss, "report", "share of the steps to the baseline's final loss, each at its best rate"
+    ),
+    "deep_half_angular_distance": Statistic(
+        Study.deep_half_angular_distance, "report", "deeper half minus first half of the blocks, at its best rate"
+    ),
+    "deep_half_skip_delta": Statistic(
+        Study.deep_half_skip_delta, "report", "deeper half minus first half of the blocks, at its best rate"
     ),
 }
 

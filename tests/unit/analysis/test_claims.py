@@ -109,3 +109,43 @@ def test_steps_to_the_baselines_loss_reads_each_curve_against_the_baselines_fina
     claim = Claim("fewer steps", "t", "steps_to_baseline_loss", QK, PRE, "lower")
     result = evaluate_claim(claim, study)
     assert (result["difference"], result["seeds"], result["verdict"]) == (-0.5, [3, 4], "agrees")
+
+
+def _with_angles(root, angles_of) -> None:
+    """Append to each synthetic run a last stats row with its blocks' angular distances, ``angles_of(variant, seed)``."""
+    for run in root.iterdir():
+        if (run / "config.yaml").exists():
+            config = yaml.safe_load((run / "config.yaml").read_text())
+            rows = (run / "metrics.jsonl").read_text()
+            angles = {
+                f"act/layers.{i}/angular_distance": a
+                for i, a in enumerate(angles_of(config["variant"], config["seed"]))
+            }
+            (run / "metrics.jsonl").write_text(rows + json.dumps({"step": 20, **angles}) + "\n")
+
+
+def test_a_one_arm_claim_tests_its_statistic_against_zero(tmp_path):
+    """The deeper half minus the first half of three blocks is the last block minus the first (the middle one
+    is in neither): 0.1 - 0.3 - 0.01 * seed for pre-norm; 0 (flat) under QK-norm."""
+    write_study(tmp_path, GRID, report=(3, 4, 5))
+    _with_angles(tmp_path, lambda v, seed: [0.3, 0.2, 0.1 - 0.01 * seed] if v == "rmsnorm" else [0.2, 0.2, 0.2])
+    study = Study(load_results([str(tmp_path)], "val/loss")[0], "rmsnorm")
+    deeper_less = Claim("deeper half turns less", "t", "deep_half_angular_distance", PRE, None, "lower")
+    result = evaluate_claim(deeper_less, study)
+    assert (result["arm"], result["against"], result["seeds"]) == ("rmsnorm", None, [3, 4, 5])
+    assert result["value_arm"] == pytest.approx(-0.24) and result["value_against"] == 0.0
+    assert result["verdict"] == "agrees" and result["ci95"][1] < 0
+    flat = evaluate_claim(Claim("x", "t", "deep_half_angular_distance", QK, None, "lower"), study)
+    assert flat["difference"] == pytest.approx(0.0) and flat["verdict"] == "inconclusive"
+    raised = evaluate_claim(Claim("x", "t", "deep_half_angular_distance", QK, PRE, "higher"), study)
+    assert raised["difference"] == pytest.approx(0.24) and raised["verdict"] == "agrees"
+
+
+def test_a_claim_that_an_arm_fails_to_train_reads_its_loss_instead_of_leaving_it_untested(tmp_path):
+    grid = {**GRID, "rmsnorm-post": {0.001: 5.0, 0.01: 4.9, 0.1: 5.2}}  # 0.9 above the baseline's best: untrained
+    study = _study(tmp_path, grid, report=(3, 4, 5))
+    assert "rmsnorm-post" in study.untrained
+    fails = dict(statistic="best_loss", arm={"norm.placement": "post"}, against=PRE, expect="higher")
+    assert evaluate_claim(Claim("post fails", "t", **fails), study)["verdict"] == "not tested"
+    result = evaluate_claim(Claim("post fails", "t", **fails, requires_trained=False), study)
+    assert result["difference"] == pytest.approx(0.9) and result["verdict"] == "agrees"
