@@ -12,14 +12,14 @@ applies:
       arm: {norm.qk: rmsnorm}          # the variant whose runs have these config values
       against: {norm.qk: null}
       expect: lower                    # lower | higher | similar (within `margin`, by equivalence test)
-      requires_trained: true           # false for a claim that an arm fails to train
+      may_not_train: null              # arm | against: the side a claim says fails to train
       fixed_by: []                     # configs in which the statistic is bounded by construction
       regime: {}                       # the paper's regime, e.g. {model.n_layers: {min: 12}}
 
 The rule, the same for every claim and decided by the engine, never by hand:
 
 1. **not tested** when an arm is not in the runs; did not train (unless the claim is that it fails to:
-   ``requires_trained: false``); has its best rate at an edge of the
+   ``may_not_train`` names that side, and the other must train); has its best rate at an edge of the
    rates it ran; is a configuration in ``fixed_by`` (the statistic is fixed by construction there, so
    a difference is no finding); or lies outside the paper's ``regime`` (compared with its own config).
    The reason says which, with the numbers.
@@ -59,15 +59,17 @@ class Claim:
     fixed_by: List[Dict[str, Any]] = field(default_factory=list)
     # The paper's regime: {dotted config key: {min: x} and/or {max: y}}, checked on both arms' configs.
     regime: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    # Whether both arms must have trained. False for a claim that an arm fails to train (post-norm at depth):
-    # there an untrained arm is the finding, read from its loss, not a reason to leave the claim untested.
-    requires_trained: bool = True
+    # "arm" or "against" for a claim that that side fails to train (post-norm at depth): there its failing is the
+    # finding, read from its loss, not a reason to leave the claim untested. The other side must still train.
+    may_not_train: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.expect not in EXPECTATIONS:
             raise ValueError(
                 f"claim {self.claim!r}: expect must be one of {', '.join(EXPECTATIONS)}, got {self.expect!r}"
             )
+        if self.may_not_train not in (None, "arm", "against"):
+            raise ValueError(f"claim {self.claim!r}: may_not_train is arm, against or null, got {self.may_not_train!r}")
         if self.expect == "similar" and not self.margin > 0:
             raise ValueError(
                 f"claim {self.claim!r}: expect: similar needs a margin > 0 (the largest similar difference)"
@@ -93,7 +95,8 @@ def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str
     if missing:
         return f"no variant in these runs has {' or '.join(missing)}"
     variants = [v for _, v in sides]
-    untrained = sorted(set(variants) & study.untrained) if claim.requires_trained else []
+    must_train = [v for side, v in zip(("arm", "against"), variants) if side != claim.may_not_train]
+    untrained = sorted(set(must_train) & study.untrained)
     if untrained:
         return f"{', '.join(untrained)} did not train at any rate here"
     at_edge = sorted(v for v in set(variants) if not study.best_inside(v))

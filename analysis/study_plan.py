@@ -35,6 +35,8 @@ class StudyPlan:
     report_seeds: int = 5  # further seeds at each variant's best rate, which report its loss there
     extra_rates: int = 2  # half-decades past an edge of the grid, per variant and side, at most
     seconds_per_run: float = 60.0  # one run's time, for the estimate before any run has finished
+    # eval.py layer_importance=true on each report seed's final checkpoint (skip deltas per block), after training
+    layer_importance: bool = False
 
 
 @dataclass(frozen=True)

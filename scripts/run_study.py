@@ -27,10 +27,12 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from analysis.depth_report import write_depth_report
 from analysis.results import PLAN_FILE, VAL_LOSS, Result, capped_loss
 from analysis.runs import BASELINE, RunsError, load_runs
 from analysis.size_report import write_size_report
-from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs
+from analysis.study import skip_deltas
+from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs, report_seeds
 from analysis.study_report import write_report
 from analysis.study_spec import StudySpecError, load_study_spec
 from training.config import register_configs
@@ -129,6 +131,30 @@ def describe(todo: int, done: int, planned: int, seconds: list[float], plan: Stu
     )
 
 
+def evaluate_layer_importance(sweep_dir: Path, labels: dict, plan: StudyPlan) -> None:
+    """``eval.py layer_importance=true`` on the final checkpoint of every report seed's run (they ran at the
+    best rates only) that has no skip deltas yet; its results land in each run's eval.json."""
+    runs, _ = load_runs([str(sweep_dir)])
+    seeds = set(report_seeds(plan))
+    todo = [
+        run.path
+        for run in runs
+        if (run.config["model"]["name"], run.config["variant"]) in labels
+        and int(run.config["seed"]) in seeds
+        and not run.unfinished
+        and run.diverged_at is None
+        and not skip_deltas(run)
+    ]
+    if todo:
+        print(f"run_study: skip deltas of {len(todo)} report runs (eval.py layer_importance=true)", flush=True)
+        checkpoints = ",".join(f"'{path}'" for path in todo)
+        command = [sys.executable, "eval.py", f"checkpoint=[{checkpoints}]", "layer_importance=true"]
+        subprocess.run([*command, f"hydra.run.dir={sweep_dir / 'eval'}"], cwd=ROOT, check=False)
+
+
+REPORTS = {"study": write_report, "size": write_size_report, "depth": write_depth_report}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="the report's folder (default: <sweep dir>/report)")
@@ -193,11 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         for command in commands(jobs):
             subprocess.run([sys.executable, "train.py", "-m", *overrides, *command], cwd=ROOT, check=False)
         failed_before = todo
+    if plan.layer_importance:
+        evaluate_layer_importance(sweep_dir, labels, plan)
     out = args.out or sweep_dir / "report"
-    if len(models) > 1:
-        write_size_report([str(sweep_dir)], out, "val/loss", BASELINE)
-    else:
+    if spec.report == "study":
         write_report([str(sweep_dir)], out, "val/loss", None, BASELINE)
+    else:
+        REPORTS[spec.report]([str(sweep_dir)], out, "val/loss", BASELINE)
     print(f"run_study: complete; the report is {out / 'report.md'}")
     return 0
 

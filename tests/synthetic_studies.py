@@ -26,8 +26,10 @@ VOCAB = 4096
 L0 = math.log(VOCAB)
 
 
-def write_run(root, variant, lr, final_loss, seed=0, diverged_at=None, tokenizer="bpe-a", metrics=True):
-    run = root / f"deep-{variant}-lr{lr}-s{seed}"
+def write_run(
+    root, variant, lr, final_loss, seed=0, diverged_at=None, tokenizer="bpe-a", metrics=True, model="deep", n_layers=4
+):
+    run = root / f"{model}-{variant}-lr{lr}-s{seed}"
     run.mkdir(parents=True)
     parts = variant.split("-")
     placement = next((p for p in parts if p in ("post", "peri", "reordered")), "pre")
@@ -35,7 +37,7 @@ def write_run(root, variant, lr, final_loss, seed=0, diverged_at=None, tokenizer
         "variant": variant,
         "norm": {"name": parts[0], "placement": placement, "qk": parts[0] if "qk" in parts else None},
         "seed": seed,
-        "model": {"name": "deep", "n_layers": 4},
+        "model": {"name": model, "n_layers": n_layers, "d_model": 64},
         "train": {"lr": lr, "max_steps": 20},
         "runtime": {"vocab_size": VOCAB, "global_batch_tokens": 2048},
     }

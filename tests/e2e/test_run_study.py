@@ -2,10 +2,16 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
+from run_study import evaluate_layer_importance
 from tiny_runs import ROOT, tiny_overrides
+
+from analysis.runs import find_runs
+from analysis.study import skip_deltas
+from analysis.study_plan import StudyPlan
 
 
 def _run_study(tmp_path, cache_dir, *extra):
@@ -36,3 +42,19 @@ def test_one_command_runs_the_grid_the_edges_and_the_seeds_then_reports(tmp_path
         assert {(variant, v["best_lr"], s) for s in (1, 2)} <= cells and v["best_loss"]["seeds"] == 2
     assert all(c["heldout_loss"] is not None for c in data["cells"])
     assert "nothing to train" in _run_study(tmp_path, cache_dir, "--dry-run")
+
+
+def test_the_layer_importance_stage_evaluates_each_report_seeds_checkpoint_once(sweep, tmp_path):
+    """plan.layer_importance: eval.py layer_importance=true on the report seeds' runs only (here seed 1 of two),
+    and not again once their eval.json has skip deltas."""
+    shutil.copytree(sweep, tmp_path / "runs")
+    runs = find_runs([str(tmp_path / "runs")])
+    labels = {(r.config["model"]["name"], r.config["variant"]): (None, r.config["variant"]) for r in runs}
+    plan = StudyPlan(headline=[], selection_seeds=1, report_seeds=1)  # seed 0 selects, seed 1 reports
+    evaluate_layer_importance(tmp_path / "runs", labels, plan)
+    evaluated = {r.path.name: skip_deltas(r) for r in find_runs([str(tmp_path / "runs")])}
+    assert {name for name, deltas in evaluated.items() if deltas} == {"rmsnorm-s1", "layernorm-s1"}
+    assert all(len(deltas) == 2 for name, deltas in evaluated.items() if deltas)  # the tiny model's two blocks
+    written = (tmp_path / "runs" / "rmsnorm-s1" / "eval.json").stat().st_mtime_ns
+    evaluate_layer_importance(tmp_path / "runs", labels, plan)
+    assert (tmp_path / "runs" / "rmsnorm-s1" / "eval.json").stat().st_mtime_ns == written

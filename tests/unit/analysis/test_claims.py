@@ -147,5 +147,11 @@ def test_a_claim_that_an_arm_fails_to_train_reads_its_loss_instead_of_leaving_it
     assert "rmsnorm-post" in study.untrained
     fails = dict(statistic="best_loss", arm={"norm.placement": "post"}, against=PRE, expect="higher")
     assert evaluate_claim(Claim("post fails", "t", **fails), study)["verdict"] == "not tested"
-    result = evaluate_claim(Claim("post fails", "t", **fails, requires_trained=False), study)
+    result = evaluate_claim(Claim("post fails", "t", **fails, may_not_train="arm"), study)
     assert result["difference"] == pytest.approx(0.9) and result["verdict"] == "agrees"
+    # The other side must still train: pre-norm may not fail in a claim that post-norm does.
+    swapped = dict(statistic="best_loss", arm=PRE, against={"norm.placement": "post"}, expect="lower")
+    assert evaluate_claim(Claim("x", "t", **swapped, may_not_train="arm"), study)["verdict"] == "not tested"
+    assert evaluate_claim(Claim("x", "t", **swapped, may_not_train="against"), study)["verdict"] == "agrees"
+    with pytest.raises(ValueError, match="may_not_train"):
+        Claim("x", "t", **swapped, may_not_train="both")
