@@ -55,7 +55,8 @@ def test_the_default_grid_is_a_common_grid_of_half_decades_that_can_reach_wortsm
     # A best rate at an edge gets half-decades beyond it: far enough to reach 3e-4 and 3e-1.
     assert spec.plan.extra_rates >= 1
     assert all(2.9 < b / a < 3.4 for a, b in zip(rates, rates[1:]))  # half-decades: 1, 3, 10, ...
-    train = experiment["train"]
+    assert "override /train: study" in (ROOT / "configs" / "experiment" / "stability.yaml").read_text()
+    train = yaml.safe_load((ROOT / "configs" / "train" / "study.yaml").read_text())
     assert train["weight_decay_mode"] == "independent" and train["warmup_steps"] >= 2 / (1 - 0.95)
 
 
