@@ -20,7 +20,7 @@ from pathlib import Path
 
 from analysis.claims import claims_of, evaluate_claim
 from analysis.format import interval, number
-from analysis.plots import pyplot, save
+from analysis.plots import error_bars, pyplot, save
 from analysis.results import Result, by_model, load_results, planned_grid
 from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import t_interval
@@ -92,10 +92,7 @@ def plot_loss_vs_depth(rows: list[dict], path: Path, unigram: float | None) -> N
         depths = [row["n_layers"] for row in rows if variant in row["variants"]]
         losses = [row["variants"][variant]["best_loss"] for row in rows if variant in row["variants"]]
         ys = [loss["mean"] for loss in losses]
-        errors = [
-            [y - (loss["ci95"] or (y, y))[0] for y, loss in zip(ys, losses)],
-            [(loss["ci95"] or (y, y))[1] - y for y, loss in zip(ys, losses)],
-        ]
+        errors = error_bars(ys, [loss["ci95"] for loss in losses])
         ax.errorbar(depths, ys, yerr=errors, marker="o", capsize=4, label=variant, color=plt.get_cmap("tab10")(i))
     if unigram is not None:
         ax.axhline(unigram, color="grey", linestyle=":", label="unigram loss")

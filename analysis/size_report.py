@@ -17,7 +17,7 @@ from pathlib import Path
 
 from analysis.claims import claims_of, evaluate_claim
 from analysis.format import interval, number
-from analysis.plots import pyplot, save
+from analysis.plots import error_bars, pyplot, save
 from analysis.results import Result, by_model, load_results, planned_grid
 from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import t_interval
@@ -80,11 +80,7 @@ def plot_sensitivity_vs_size(rows: list[dict], path: Path) -> None:
         xs = [row["non_embedding_params"] for row in rows]
         values = [row["variants"][variant]["lr_sensitivity"] for row in rows]
         ys = [v["value"] for v in values]
-        errors = [
-            [y - (v["ci95"] or (y, y))[0] for y, v in zip(ys, values)],
-            [(v["ci95"] or (y, y))[1] - y for y, v in zip(ys, values)],
-        ]
-        ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=4, label=variant)
+        ax.errorbar(xs, ys, yerr=error_bars(ys, [v["ci95"] for v in values]), marker="o", capsize=4, label=variant)
     ax.set_xscale("log")
     ax.set_xlabel("non-embedding parameters")
     ax.set_ylabel("LR sensitivity (nats)")

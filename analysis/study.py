@@ -186,16 +186,23 @@ class Study:
             per_seed.append(lr_sensitivity({r.lr: capped_loss(r) for r in runs}))
         return statistics.fmean(per_seed) if per_seed else None
 
+    def _mean_at(self, variant: str, lr: float, seeds, value_of: Callable[[Result], float | None]) -> float | None:
+        """The mean of ``value_of`` over the variant's runs of ``seeds`` at ``lr``; None unless every seed has it."""
+        values = [v for r in self._runs(variant, lr, seeds) if (v := value_of(r)) is not None]
+        return statistics.fmean(values) if values and len(values) == len(list(seeds)) else None
+
     def best_loss(self, variant: str, seeds) -> float | None:
         """The mean loss of ``seeds`` at the variant's best rate, on the held-out windows where logged."""
-        values = [heldout_loss(r) for r in self._runs(variant, self.summaries[variant].best_lr, seeds)]
-        return statistics.fmean(values) if values and len(values) == len(list(seeds)) else None
+        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, heldout_loss)
 
     def stream_growth(self, variant: str, seeds) -> float | None:
         """Last-block over first-block stream RMS at the end of training, at the baseline's best rate."""
-        runs = self._runs(variant, self.summaries[self.baseline].best_lr, seeds)
-        ratios = [rms[-1] / rms[0] for r in runs if (rms := r.run.by_layer(STREAM_RMS))]
-        return statistics.fmean(ratios) if ratios and len(ratios) == len(list(seeds)) else None
+
+        def growth(r: Result) -> float | None:
+            rms = r.run.by_layer(STREAM_RMS)
+            return rms[-1] / rms[0] if rms else None
+
+        return self._mean_at(variant, self.summaries[self.baseline].best_lr, seeds, growth)
 
     def steps_to_baseline_loss(self, variant: str, seeds) -> float | None:
         """The share of its steps a variant takes, at its best rate, to first reach the validation loss that the
@@ -212,30 +219,29 @@ class Study:
             fractions.append(next((step for step, loss in curve if loss <= base.final), last_step) / last_step)
         return statistics.fmean(fractions) if fractions else None
 
-    def _mean_at_best(self, variant: str, seeds, value_of: Callable[[Result], float | None]) -> float | None:
-        """The mean of ``value_of`` over ``seeds`` at the variant's own best rate; None unless every seed has it."""
-        runs = self._runs(variant, self.summaries[variant].best_lr, seeds)
-        values = [v for r in runs if (v := value_of(r)) is not None]
-        return statistics.fmean(values) if values and len(values) == len(list(seeds)) else None
-
     def deep_half_angular_distance(self, variant: str, seeds) -> float | None:
         """How much less the deeper half of the blocks turns the stream than the first half (angular distance,
         deeper minus first), at the end of training at the variant's own best rate."""
-        return self._mean_at_best(variant, seeds, lambda r: deep_minus_first_half(r.run.by_layer(ANGULAR_DISTANCE)))
+        best_lr = self.summaries[variant].best_lr
+        return self._mean_at(variant, best_lr, seeds, lambda r: deep_minus_first_half(r.run.by_layer(ANGULAR_DISTANCE)))
 
     def deep_half_skip_delta(self, variant: str, seeds) -> float | None:
         """How much less the loss rises without a deeper-half block than without a first-half one (skip delta,
         deeper minus first, from eval.py layer_importance=true), at the variant's own best rate."""
-        return self._mean_at_best(variant, seeds, lambda r: deep_minus_first_half(skip_deltas(r.run)))
+        best_lr = self.summaries[variant].best_lr
+        return self._mean_at(variant, best_lr, seeds, lambda r: deep_minus_first_half(skip_deltas(r.run)))
 
     def max_attn_logit(self, variant: str, seeds) -> float | None:
         """The largest attention logit (over layers) at the last stats step, at the highest rate at which
         the baseline trained."""
         if self.reference_lr is None:
             return None
-        runs = self._runs(variant, self.reference_lr, seeds)
-        values = [points[-1][1] for r in runs if (points := over_layers(r.run, MAX_LOGIT))]
-        return statistics.fmean(values) if values and len(values) == len(list(seeds)) else None
+
+        def last_max(r: Result) -> float | None:
+            points = over_layers(r.run, MAX_LOGIT)
+            return points[-1][1] if points else None
+
+        return self._mean_at(variant, self.reference_lr, seeds, last_max)
 
 
 @dataclass(frozen=True)
