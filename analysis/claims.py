@@ -118,6 +118,8 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     if claim.statistic not in STATISTICS:
         raise RunsError(f"claim {claim.claim!r}: unknown statistic {claim.statistic!r}; one of {', '.join(STATISTICS)}")
     statistic = STATISTICS[claim.statistic]
+    if statistic.pairwise and claim.against is None:
+        raise RunsError(f"claim {claim.claim!r}: {claim.statistic} is read on two arms together; give it an `against`")
     arm = study.variant_with(claim.arm)
     against = study.variant_with(claim.against) if claim.against is not None else None
     result = {
@@ -135,8 +137,11 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
         return {**result, "verdict": "not tested", "reason": reason}
     pairs = {}  # seed -> (arm's value, against's value, or 0 for a one-arm claim), for the seeds that have both
     for seed in seeds_for(study, statistic, *(v for v in (arm, against) if v is not None)):
-        a = statistic.compute(study, arm, [seed])
-        b = statistic.compute(study, against, [seed]) if against is not None else 0.0
+        if statistic.pairwise:
+            a, b = statistic.compute(study, arm, against, [seed]) or (None, None)
+        else:
+            a = statistic.compute(study, arm, [seed])
+            b = statistic.compute(study, against, [seed]) if against is not None else 0.0
         if a is not None and b is not None:
             pairs[seed] = (a, b)
     if not pairs:
@@ -153,6 +158,9 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
         ci95=comparison.ci95,
         p=comparison.p,
         seeds=list(pairs),
+        # each seed's values, in the order of ``seeds``: the paired test can be recomputed from the JSON
+        values_arm=[a for a, _ in pairs.values()],
+        values_against=[b for _, b in pairs.values()],
         verdict=comparison.verdict,
     )
     if comparison.ci95 is None:

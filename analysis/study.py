@@ -67,6 +67,21 @@ def skip_deltas(run: Run) -> list[float]:
     return ((latest_eval(run) or {}).get("layer_importance") or {}).get("skip_delta") or []
 
 
+def first_step_at(curve: list[tuple[int, float]], target: float) -> float:
+    """The step at which a validation curve (step, loss) first reaches ``target``, interpolated linearly
+    between the evaluation above it and the one at or below it (evaluations every few steps would
+    otherwise round every arm's steps up to the next one). The target is one the curve reaches."""
+    previous = None
+    for step, loss in curve:
+        if loss <= target:
+            if previous is None:
+                return float(step)
+            step_before, loss_before = previous
+            return step_before + (loss_before - target) / (loss_before - loss) * (step - step_before)
+        previous = step, loss
+    raise ValueError(f"the curve never reaches {target}")
+
+
 def over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]:
     """(step, ``reduce`` over layers of ``template``) for every row that logged layer 0."""
     return [(row["step"], reduce(values)) for row in run.rows if (values := layer_values(row, template))]
@@ -204,20 +219,26 @@ class Study:
 
         return self._mean_at(variant, self.summaries[self.baseline].best_lr, seeds, growth)
 
-    def steps_to_baseline_loss(self, variant: str, seeds) -> float | None:
-        """The share of its steps a variant takes, at its best rate, to first reach the validation loss that the
-        baseline ends with at its own best rate, same seed (1 when it gets there only at the end; a run that
-        never gets there counts as 1, the most it could be credited with)."""
-        fractions = []
+    def steps_to_common_loss(self, variant: str, against: str, seeds) -> tuple[float, float] | None:
+        """Each arm's share of its steps, at its own best rate, to first reach the validation loss that both
+        reach: the higher of their two final losses, same seed (means over ``seeds``). The arm that ends
+        lower gets there first; the other at its end, or earlier where its curve dips below its final loss.
+        So neither side's share is fixed in advance, and no run is censored: a claim on it can disagree."""
+        shares = []
         for seed in seeds:
-            (mine,) = self._runs(variant, self.summaries[variant].best_lr, [seed]) or [None]
-            (base,) = self._runs(self.baseline, self.summaries[self.baseline].best_lr, [seed]) or [None]
-            if mine is None or base is None or base.final is None or mine.diverged_at is not None:
+            runs = [self._runs(v, self.summaries[v].best_lr, [seed]) for v in (variant, against)]
+            if not all(runs) or any(r.diverged_at is not None for (r,) in runs):
                 return None
-            curve = [(row["step"], row[VAL_LOSS]) for row in mine.run.rows if VAL_LOSS in row]
-            last_step = mine.run.config["train"]["max_steps"]
-            fractions.append(next((step for step, loss in curve if loss <= base.final), last_step) / last_step)
-        return statistics.fmean(fractions) if fractions else None
+            curves = [[(row["step"], row[VAL_LOSS]) for row in r.run.rows if VAL_LOSS in row] for (r,) in runs]
+            if not all(curves):
+                return None
+            target = max(curve[-1][1] for curve in curves)
+            shares.append(
+                [first_step_at(curve, target) / r.run.config["train"]["max_steps"] for curve, (r,) in zip(curves, runs)]
+            )
+        if not shares:
+            return None
+        return statistics.fmean(a for a, _ in shares), statistics.fmean(b for _, b in shares)
 
     def deep_half_angular_distance(self, variant: str, seeds) -> float | None:
         """How much less the deeper half of the blocks turns the stream than the first half (angular distance,
@@ -249,6 +270,8 @@ class Statistic:
     compute: Callable  # a Study method: (study, variant, seeds) -> value or None
     seeds: str  # "selection" (a statistic of the whole curve) or "report" (a loss at the chosen rate)
     where: str  # where it is read, for the report
+    # compute(study, arm, against, seeds) -> (arm's value, against's value): a statistic of the pair (a common target)
+    pairwise: bool = False
 
 
 # A claim's `statistic` is one of these.
@@ -257,8 +280,11 @@ STATISTICS: dict[str, Statistic] = {
     "best_loss": Statistic(Study.best_loss, "report", "at each arm's own best rate, held-out windows"),
     "stream_growth": Statistic(Study.stream_growth, "selection", "at the baseline's best rate"),
     "max_attn_logit": Statistic(Study.max_attn_logit, "selection", "at the highest rate the baseline trained"),
-    "steps_to_baseline_loss": Statistic(
-        Study.steps_to_baseline_loss, "report", "share of the steps to the baseline's final loss, each at its best rate"
+    "steps_to_common_loss": Statistic(
+        Study.steps_to_common_loss,
+        "report",
+        "share of its steps to the higher of the two final losses, same seed, each at its best rate",
+        pairwise=True,
     ),
     "deep_half_angular_distance": Statistic(
         Study.deep_half_angular_distance, "report", "deeper half minus first half of the blocks, at its best rate"

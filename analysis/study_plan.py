@@ -33,6 +33,7 @@ class StudyPlan:
     headline_seeds: int = 5  # selection seeds of the headline variants, at every rate
     selection_seeds: int = 3  # selection seeds of every other variant, at every rate
     report_seeds: int = 5  # further seeds at each variant's best rate, which report its loss there
+    first_seed: int = 0  # the selection seeds start here: a new edition runs fresh seeds, unseen by its claims
     extra_rates: int = 2  # half-decades past an edge of the grid, per variant and side, at most
     seconds_per_run: float = 60.0  # one run's time, for the estimate before any run has finished
     # eval.py layer_importance=true on each report seed's final checkpoint (skip deltas per block), after training
@@ -59,12 +60,13 @@ def half_decade(lr: float, up: bool) -> float:
 
 def grid_seeds(plan: StudyPlan, variant: str) -> list[int]:
     """The seeds that choose ``variant``'s best rate: they run at every rate it runs at."""
-    return list(range(plan.headline_seeds if variant in plan.headline else plan.selection_seeds))
+    count = plan.headline_seeds if variant in plan.headline else plan.selection_seeds
+    return list(range(plan.first_seed, plan.first_seed + count))
 
 
 def report_seeds(plan: StudyPlan) -> list[int]:
     """The seeds that report every variant's loss at its best rate: after every variant's selection seeds."""
-    first = max(plan.headline_seeds if plan.headline else 0, plan.selection_seeds)
+    first = plan.first_seed + max(plan.headline_seeds if plan.headline else 0, plan.selection_seeds)
     return list(range(first, first + plan.report_seeds))
 
 

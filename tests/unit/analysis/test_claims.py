@@ -8,7 +8,8 @@ from synthetic_studies import CLAIMS, PRE, QK, write_run, write_study
 
 from analysis.claims import Claim, claims_of, evaluate_claim, outside_regime
 from analysis.results import load_results
-from analysis.study import Study
+from analysis.runs import RunsError
+from analysis.study import Study, first_step_at
 
 GRID = {
     "rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6},
@@ -94,21 +95,37 @@ def test_a_claim_that_expects_similar_needs_a_margin():
         Claim("same", "t", "best_loss", QK, PRE, "similar")
 
 
-def test_steps_to_the_baselines_loss_reads_each_curve_against_the_baselines_final_loss(tmp_path):
-    """QK-norm's report runs pass the baseline's final loss (4.0 and 4.1) at step 10 of 20; the baseline
-    gets there at its last step: shares 0.5 against 1, paired by seed."""
+def test_steps_to_the_common_loss_reads_both_curves_against_the_higher_final_loss(tmp_path):
+    """Report seeds 3 and 4: QK-norm ends at 3.8 and 3.9, the baseline at 4.0 and 4.1 (its first evaluation,
+    at step 20), so the loss both reach is the baseline's. QK-norm's curve from 4.2 (seed 3) or 4.5 (seed 4)
+    at step 10 crosses it at step 15 or 16.67 by interpolation: shares 0.75 and 0.833 against 1."""
     write_study(tmp_path, GRID, report=(3, 4))
-    for seed in (3, 4):
+    for seed, first in ((3, 4.2), (4, 4.5)):
         metrics = tmp_path / f"deep-rmsnorm-qk-lr0.01-s{seed}" / "metrics.jsonl"
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-        rows[0]["val/loss"] = 3.95
+        rows[0]["val/loss"] = first
         metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
     study = Study(load_results([str(tmp_path)], "val/loss")[0], "rmsnorm")
-    assert study.steps_to_baseline_loss("rmsnorm-qk", [3, 4]) == 0.5
-    assert study.steps_to_baseline_loss("rmsnorm", [3]) == 1.0
-    claim = Claim("fewer steps", "t", "steps_to_baseline_loss", QK, PRE, "lower")
-    result = evaluate_claim(claim, study)
-    assert (result["difference"], result["seeds"], result["verdict"]) == (-0.5, [3, 4], "agrees")
+    assert study.steps_to_common_loss("rmsnorm-qk", "rmsnorm", [3]) == pytest.approx((0.75, 1.0))
+    assert study.steps_to_common_loss("rmsnorm-qk", "rmsnorm", [3, 4]) == pytest.approx((0.79167, 1.0), abs=1e-5)
+    fewer = evaluate_claim(Claim("fewer steps", "t", "steps_to_common_loss", QK, PRE, "lower"), study)
+    assert fewer["seeds"] == [3, 4] and fewer["values_arm"] == pytest.approx([0.75, 0.83333], abs=1e-5)
+    assert fewer["values_against"] == [1.0, 1.0] and fewer["difference"] == pytest.approx(-0.20833, abs=1e-5)
+    # The same statistic, arms swapped: the baseline takes more steps, so "fewer" disagrees (it is not fixed).
+    reversed_arms = evaluate_claim(Claim("fewer steps", "t", "steps_to_common_loss", PRE, QK, "lower"), study)
+    assert reversed_arms["difference"] == pytest.approx(0.20833, abs=1e-5)
+    assert reversed_arms["verdict"] == ("disagrees" if reversed_arms["p"] < 0.05 else "inconclusive")
+    with pytest.raises(RunsError, match="give it an `against`"):
+        evaluate_claim(Claim("one arm", "t", "steps_to_common_loss", QK, None, "lower"), study)
+
+
+def test_the_first_step_at_a_loss_is_interpolated_between_evaluations():
+    curve = [(25, 6.0), (50, 5.0), (75, 4.0)]
+    assert first_step_at(curve, 4.5) == 62.5  # halfway from 5.0 at 50 to 4.0 at 75
+    assert first_step_at(curve, 6.5) == 25.0  # the first evaluation is already below it
+    assert first_step_at(curve, 4.0) == 75.0
+    with pytest.raises(ValueError, match="never reaches"):
+        first_step_at(curve, 3.0)
 
 
 def _with_angles(root, angles_of) -> None:

@@ -37,6 +37,13 @@ def test_an_interior_best_rate_gets_the_report_seeds_which_never_chose_it():
     assert next_jobs(PLAN, "base", RATES, base) == [Job("base", 3e-3, s) for s in REPORT]
 
 
+def test_a_new_edition_runs_fresh_seeds_from_its_first_seed():
+    later = StudyPlan(headline=["base"], headline_seeds=3, selection_seeds=1, report_seeds=2, first_seed=10)
+    assert {j.seed for j in next_jobs(later, "base", RATES, {})} == {10, 11, 12}
+    assert {j.seed for j in next_jobs(later, "other", RATES, {})} == {10}
+    assert report_seeds(later) == [13, 14]
+
+
 def test_a_best_rate_at_an_edge_gets_further_rates_up_to_the_bound_then_its_seeds():
     losses = {(1e-3, 0): 4.8, (3e-3, 0): 4.9, (1e-2, 0): 5.1}  # best at the lowest rate
     assert next_jobs(PLAN, "other", RATES, losses) == [Job("other", 3e-4, 0)]
