@@ -1,0 +1,228 @@
+"""Where DyT (and Derf) start to train: the map that configs/experiment/dyt_map.yaml trains.
+
+The library behind ``scripts/dyt_map_report.py``:
+
+    python scripts/dyt_map_report.py runs/dyt_map --out docs/study/dyt
+
+A *setting* is a norm, a model (its width), the norms' alpha, the embedding scale and the schedule
+(rate and warmup); the map runs one seed of each, and a setting's command with ``seed=1,2`` adds
+seeds to it. A run *trains* when its final validation loss is at least TRAINED_MARGIN (0.3) nats below
+the unigram loss of the validation windows, the studies' line (analysis/study.py). A setting with one
+seed is read from that seed; with several it trains when every seed does, and its mean loss gets a
+Student's t interval.
+
+It writes into --out ``map.png`` (each setting's loss against alpha, relative to the unigram loss,
+one panel per norm and width), ``map.json`` and ``report.md``, which name per norm the smallest model
+at which some setting trains and the settings that do.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from analysis.format import interval, number
+from analysis.keys import metric_key
+from analysis.plots import pyplot, save
+from analysis.runs import Run, RunsError, load_runs
+from analysis.stats import t_interval
+from analysis.study import TRAINED_MARGIN
+
+VAL_LOSS = metric_key("val/loss")
+COMMAND = "python train.py -m +experiment=dyt_map"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one cell of the map sets; its runs differ only in their seed."""
+
+    norm: str
+    model: str
+    d_model: int
+    params: int
+    alpha: float
+    embed_scale: str
+    lr: float
+    warmup_steps: int
+
+    @property
+    def schedule(self) -> str:
+        return f"lr {self.lr:g}, warmup {self.warmup_steps}"
+
+
+def setting_of(run: Run) -> Setting:
+    cfg = run.config
+    return Setting(
+        cfg["norm"]["name"],
+        cfg["model"]["name"],
+        int(cfg["model"]["d_model"]),
+        int(cfg["runtime"]["params"]),
+        float(cfg["norm"]["alpha_init"]),
+        str(cfg["model"]["embed_scale"]),
+        float(cfg["train"]["lr"]),
+        int(cfg["train"]["warmup_steps"]),
+    )
+
+
+def final_loss(run: Run) -> float | None:
+    """The final validation loss; None for a run that diverged (it did not train)."""
+    return None if run.diverged_at is not None else run.last(VAL_LOSS)
+
+
+def summarize(runs: list[Run]) -> dict:
+    """Every setting's seeds, losses and verdict, and per norm the smallest model at which one trains."""
+    by_setting: dict[Setting, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_setting[setting_of(run)].append(run)
+    unigrams = {run.config["runtime"].get("unigram_val_loss") for run in runs}
+    if len(unigrams) != 1 or None in unigrams:
+        raise RunsError(
+            "the runs do not share one unigram loss (runtime.unigram_val_loss): they validate on different "
+            f"windows or predate that record ({sorted(map(str, unigrams))}); map one corpus at a time"
+        )
+    unigram = unigrams.pop()
+    line = unigram - TRAINED_MARGIN
+    settings = []
+    for setting, seed_runs in by_setting.items():
+        losses = [final_loss(r) for r in sorted(seed_runs, key=lambda r: r.config["seed"])]
+        finite = [loss for loss in losses if loss is not None]
+        settings.append(
+            {
+                **asdict(setting),
+                "seeds": sorted(r.config["seed"] for r in seed_runs),
+                "losses": losses,
+                "loss": {"mean": statistics.fmean(finite), "ci95": t_interval(finite)} if finite else None,
+                "trained": all(loss is not None and loss <= line for loss in losses),
+            }
+        )
+    settings.sort(key=lambda s: (s["norm"], s["params"], s["embed_scale"], -s["lr"], s["warmup_steps"], s["alpha"]))
+    smallest = {}
+    for norm in sorted({s["norm"] for s in settings}):
+        trained = [s for s in settings if s["norm"] == norm and s["trained"]]
+        if trained:
+            params = min(s["params"] for s in trained)
+            at_smallest = [s for s in trained if s["params"] == params]
+            smallest[norm] = {
+                "model": at_smallest[0]["model"],
+                "params": params,
+                "best": min(at_smallest, key=lambda s: s["loss"]["mean"]),
+                "settings": len(at_smallest),
+            }
+        else:
+            smallest[norm] = None
+    return {"unigram_loss": unigram, "line": line, "trained_margin": TRAINED_MARGIN, "settings": settings,
+            "smallest_trained": smallest}  # fmt: skip
+
+
+def plot_map(summary: dict, path: Path) -> None:
+    plt = pyplot()
+    panels = sorted({(s["norm"], s["params"], s["model"]) for s in summary["settings"]})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False, sharey=True)
+    for ax, (norm, _, model) in zip(axes[0], panels):
+        lines: dict[tuple, list[dict]] = defaultdict(list)
+        for s in summary["settings"]:
+            if (s["norm"], s["model"]) == (norm, model):
+                lines[(s["embed_scale"], s["lr"], s["warmup_steps"])].append(s)
+        for (embed, lr, warmup), cells in sorted(lines.items()):
+            cells.sort(key=lambda s: s["alpha"])
+            ax.plot(
+                [s["alpha"] for s in cells],
+                [
+                    (s["loss"]["mean"] if s["loss"] else summary["unigram_loss"]) - summary["unigram_loss"]
+                    for s in cells
+                ],
+                marker="o",
+                label=f"embed {embed}, lr {lr:g}, warmup {warmup}",
+            )
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.axhline(-summary["trained_margin"], color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("alpha (every norm's initial value)")
+        ax.set_title(f"{norm}, {model}")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("final val loss − unigram loss (nats)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Below the dashed line ({summary['trained_margin']} nats under the unigram loss) a setting trains")
+    save(fig, path)
+
+
+def _row(s: dict) -> str:
+    loss = s["loss"]
+    value = "diverged" if loss is None else number(loss["mean"], ".3f") + interval(loss["ci95"])
+    return (
+        f"| {s['norm']} | {s['model']} ({s['params'] / 1e6:.2f}M) | {s['alpha']:g} | {s['embed_scale']} | "
+        f"{s['lr']:g} | {s['warmup_steps']} | {len(s['seeds'])} | {value} | {'yes' if s['trained'] else 'no'} |"
+    )
+
+
+def findings(summary: dict) -> list[str]:
+    """Per norm: the smallest model at which a setting trains, and which alphas train at each model."""
+    lines = []
+    for norm, found in summary["smallest_trained"].items():
+        mine = [s for s in summary["settings"] if s["norm"] == norm]
+        if found is None:
+            lines.append(
+                f"{norm}: none of its {len(mine)} settings trains (none ends {summary['trained_margin']} nats below the unigram loss)."
+            )
+            continue
+        best = found["best"]
+        lines.append(
+            f"{norm} trains from {found['model']} ({found['params'] / 1e6:.2f}M parameters), the smallest model "
+            f"mapped at which a setting trains: {found['settings']} settings there; the best is alpha {best['alpha']:g}, "
+            f"embed {best['embed_scale']}, {Setting(**{k: best[k] for k in Setting.__dataclass_fields__}).schedule}, at "
+            f"{best['loss']['mean']:.3f} ({len(best['seeds'])} seed{'s' if len(best['seeds']) > 1 else ''})."
+        )
+        for model in sorted(
+            {s["model"] for s in mine}, key=lambda m: next(s["params"] for s in mine if s["model"] == m)
+        ):
+            alphas = sorted({s["alpha"] for s in mine if s["model"] == model and s["trained"]})
+            lines.append(
+                f"{norm} at {model}: trains at alpha {', '.join(f'{a:g}' for a in alphas)} (in some setting)"
+                if alphas
+                else f"{norm} at {model}: trains at no alpha mapped"
+            )  # fmt: skip
+    return lines
+
+
+def write_report(inputs: list[str], out: Path) -> Path:
+    runs, skipped = load_runs(inputs)
+    finished = []
+    for run in runs:
+        if run.unfinished:
+            skipped.append(f"{run.path}: {run.status()}; rerun its command to finish it")
+        else:
+            finished.append(run)
+    if not finished:
+        raise RunsError(f"no finished run under {', '.join(inputs)}; train the map first: {COMMAND}")
+    summary = summarize(finished)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_map(summary, out / "map.png")
+    table = [
+        "| norm | model | alpha | embed scale | lr | warmup | seeds | final val loss [95% CI] | trains |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(_row(s) for s in summary["settings"]),
+    ]
+    report = f"""# Where DyT starts to train: the map
+
+{len(finished)} runs, {len(summary["settings"])} settings (configs/experiment/dyt_map.yaml). A setting trains when
+its final validation loss is at least {summary["trained_margin"]} nats below the unigram loss
+{summary["unigram_loss"]:.3f} (the line {summary["line"]:.3f}), every seed of it.
+
+![final loss against alpha](map.png)
+
+## What the map shows
+
+{chr(10).join("- " + line for line in findings(summary))}
+
+## Every setting
+
+{chr(10).join(table)}
+"""
+    if skipped:
+        report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
+    (out / "report.md").write_text(report)
+    (out / "map.json").write_text(json.dumps(summary, indent=1))
+    return out / "report.md"

@@ -1,0 +1,77 @@
+"""analysis/dyt_map.py: which settings of the DyT map train, and the smallest model at which one does."""
+
+import json
+
+import pytest
+import yaml
+from synthetic_studies import write_run
+
+from analysis.dyt_map import summarize, write_report
+from analysis.runs import RunsError, load_runs
+
+UNIGRAM = 6.0  # the line is 5.7
+
+
+def _run(root, model, d_model, params, alpha, loss, seed=0, norm="dyt", unigram=UNIGRAM, diverged_at=None):
+    run = write_run(root / f"{norm}-a{alpha}", model, 0.003, loss, seed=seed, model=model, diverged_at=diverged_at)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["norm"] = {"name": norm, "alpha_init": alpha}
+    config["model"].update(d_model=d_model, embed_scale="none")
+    config["train"]["warmup_steps"] = 40
+    config["runtime"].update(params=params, unigram_val_loss=unigram)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_the_smallest_model_that_trains_is_named_with_its_best_setting(tmp_path):
+    _run(tmp_path, "d64", 64, 400_000, 0.5, 6.05)  # at the unigram: no
+    _run(tmp_path, "d64", 64, 400_000, 0.01, 5.75)  # 0.25 below: not the 0.3 the line asks
+    _run(tmp_path, "d128", 128, 1_000_000, 0.5, 6.0)
+    _run(tmp_path, "d128", 128, 1_000_000, 0.01, 5.5)  # trains
+    _run(tmp_path, "d128", 128, 1_000_000, 0.003, 5.4)  # trains, and better
+    _run(tmp_path, "d256", 256, 4_000_000, 0.5, 5.0)
+    summary = summarize(load_runs([str(tmp_path)])[0])
+    assert summary["line"] == pytest.approx(5.7)
+    found = summary["smallest_trained"]["dyt"]
+    assert (found["model"], found["settings"], found["best"]["alpha"]) == ("d128", 2, 0.003)
+    assert [s["trained"] for s in summary["settings"]] == [False, False, True, True, False, True]
+
+
+def test_with_several_seeds_every_seed_must_train_and_the_mean_gets_an_interval(tmp_path):
+    for seed, loss in enumerate((5.5, 5.6, 5.8)):  # the third seed is above the line
+        _run(tmp_path, "d64", 64, 400_000, 0.01, loss, seed=seed)
+    for seed, loss in enumerate((5.4, 5.5, 5.6)):
+        _run(tmp_path, "d64", 64, 400_000, 0.003, loss, seed=seed)
+    _run(tmp_path, "d64", 64, 400_000, 2.0, 5.0, diverged_at=12)  # a diverged run did not train
+    settings = {s["alpha"]: s for s in summarize(load_runs([str(tmp_path)])[0])["settings"]}
+    assert settings[0.01]["trained"] is False and settings[0.003]["trained"] is True
+    assert settings[0.003]["loss"]["mean"] == pytest.approx(5.5)
+    low, high = settings[0.003]["loss"]["ci95"]
+    assert (low, high) == pytest.approx((5.5 - 4.302653 * 0.1 / 3**0.5, 5.5 + 4.302653 * 0.1 / 3**0.5), abs=1e-5)
+    assert settings[2.0]["loss"] is None and settings[2.0]["trained"] is False
+
+
+def test_no_setting_that_trains_is_said_so_and_the_report_is_written(tmp_path):
+    runs = tmp_path / "runs"
+    _run(runs, "d64", 64, 400_000, 0.5, 6.05)
+    _run(runs, "d64", 64, 400_000, 0.5, 6.1, norm="derf")
+    report = write_report([str(runs)], tmp_path / "out").read_text()
+    assert "dyt: none of its 1 settings trains" in report and "derf: none" in report
+    data = json.loads((tmp_path / "out" / "map.json").read_text())
+    assert data["smallest_trained"] == {"derf": None, "dyt": None} and (tmp_path / "out" / "map.png").exists()
+
+
+def test_runs_on_different_validation_windows_are_refused(tmp_path):
+    _run(tmp_path, "d64", 64, 400_000, 0.5, 6.05)
+    _run(tmp_path, "d64", 64, 400_000, 0.01, 5.0, unigram=6.2)
+    with pytest.raises(RunsError, match="one unigram loss"):
+        summarize(load_runs([str(tmp_path)])[0])
+
+
+def test_the_script_without_finished_runs_says_what_to_train(tmp_path, capsys):
+    from dyt_map_report import main
+
+    _run(tmp_path, "d64", 64, 400_000, 0.5, 6.05)
+    metrics = next(tmp_path.rglob("metrics.jsonl"))
+    metrics.write_text(metrics.read_text().splitlines()[0] + "\n")  # stopped at step 10 of 20
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert "no finished run" in capsys.readouterr().err and not (tmp_path / "out").exists()
