@@ -5,6 +5,7 @@ import statistics
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from analysis.stats import (
     bootstrap_ci,
@@ -54,10 +55,17 @@ def test_unpaired_comparison_by_hand():
 def test_rank_correlation_by_hand():
     assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40])[0] == pytest.approx(1.0)
     assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1])[0] == pytest.approx(-1.0)
-    # ranks 0,1,2,3 against 0,2,1,3: d^2 = 0+1+1+0, rho = 1 - 6*2 / (4*15) = 0.8; its t-test with 2 df:
-    # t = rho sqrt(2 / (1 - rho^2)), p = 1 - t / sqrt(t^2 + 2) = 0.2
-    assert rank_correlation([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx((0.8, 0.2))
+    # ranks 0,1,2,3 against 0,2,1,3: d^2 = 0+1+1+0, rho = 1 - 6*2 / (4*15) = 0.8. Of the 24 pairings, |rho| >= 0.8
+    # (sum of d^2 at most 2 or at least 18) in 1 + 3 + 3 + 1 = 8: exact p = 1/3 (the t approximation says 0.2)
+    assert rank_correlation([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx((0.8, 1 / 3))
+    # five in the same order: only it and its reverse reach |rho| = 1, p = 2 / 120
+    assert rank_correlation([1, 2, 3, 4, 5], [2, 4, 8, 16, 32]) == pytest.approx((1.0, 2 / 120))
     assert rank_correlation([1, 2], [1, 2]) is None and rank_correlation([1, 1, 1], [1, 2, 3]) is None
+    # ten units: 9999 random pairings, close to scipy's t approximation there, and the same on every call
+    a, b = list(range(10)), [0, 2, 1, 3, 5, 4, 6, 9, 7, 8]
+    rho, p = rank_correlation(a, b)
+    assert rho == pytest.approx(stats.spearmanr(a, b).statistic) and p == rank_correlation(a, b)[1]
+    assert p == pytest.approx(stats.spearmanr(a, b).pvalue, abs=0.002)
 
 
 TRIALS = 1500
