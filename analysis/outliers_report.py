@@ -144,6 +144,22 @@ def paired_difference(points: list[Point], variant: str, baseline: str, value) -
     return {"difference": comparison.difference, "ci95": comparison.ci95, "p": comparison.p, "seeds": len(pairs)}
 
 
+def setup(points: list[Point]) -> dict:
+    """What every run shares, from its config: the model, its size, the budget, and the line "trained" uses."""
+    config = points[0].run.config
+    return {
+        "model": config["model"]["name"],
+        "params": config["runtime"].get("params"),
+        "max_steps": config["train"]["max_steps"],
+        "batch_size": config["train"]["batch_size"],
+        "seq_len": config["model"]["max_seq_len"],
+        "optimizer": config["train"].get("optimizer", "adamw"),
+        "seeds": sorted({p.seed for p in points}),
+        "unigram_loss": config["runtime"].get("unigram_val_loss"),
+        "trained_margin": TRAINED_MARGIN,
+    }
+
+
 def summarize(points: list[Point], baseline: str) -> dict:
     variants = {}
     for variant, runs in _by_variant(points).items():
@@ -156,6 +172,9 @@ def summarize(points: list[Point], baseline: str) -> dict:
             "trained": all(p.trained for p in runs),
             "delta": {s: _summary([p.deltas[s] for p in runs if s in p.deltas]) for s in SCHEMES},
             "vs_baseline": paired_cost(points, variant, baseline, PER_TENSOR) if variant != baseline else None,
+            "kurtosis_vs_baseline": paired_difference(points, variant, baseline, lambda p: p.kurtosis)
+            if variant != baseline
+            else None,
         }
     # One point per variant (its seeds averaged): the variant is the unit that varies, its seeds are not
     # independent points. An untrained model's outliers say nothing.
@@ -169,9 +188,10 @@ def summarize(points: list[Point], baseline: str) -> dict:
     }
     return {
         "baseline": baseline,
+        "setup": setup(points),
         "learning_rates": sorted({p.lr for p in points}),
         # the positive control's premise: its outlier features are heavier than the baseline's
-        "control_kurtosis": paired_difference(points, POSITIVE_CONTROL, baseline, lambda p: p.kurtosis),
+        "control_kurtosis": (variants.get(POSITIVE_CONTROL) or {}).get("kurtosis_vs_baseline"),
         "variants": variants,
         "rank_correlation": {**{f"{k}_vs_{PER_TENSOR}": v for k, v in correlation.items()}, "variants": len(counted)},
     }
@@ -259,14 +279,15 @@ def conclusions(summary: dict) -> list[str]:
             else "is not shown to cost more or less"
         )
         lines.append(
-            f"Positive control: {POSITIVE_CONTROL} (kurtosis {k_control:.3g} against {baseline}'s {k_base:.3g}) "
-            f"{shown} under {PER_TENSOR} than {baseline}: {control['difference']:+.4f} nats"
-            + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+            f"{POSITIVE_CONTROL}, meant as the positive control (kurtosis {k_control:.3g} against {baseline}'s "
+            f"{k_base:.3g}), {shown} under {PER_TENSOR} than {baseline}: {control['difference']:+.4f} nats"
+            + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}], p = {number(control['p'])}," if ci else "")
             + f" paired over {control['seeds']} seeds."
         )
     if untrained:
         lines.append(
-            f"{', '.join(untrained)} did not train (loss not {TRAINED_MARGIN} nats below the unigram loss), so "
+            f"{', '.join(untrained)} did not train (loss not {TRAINED_MARGIN} nats below the unigram loss "
+            f"{number(summary['setup']['unigram_loss'], '.3f')}), so "
             "its outlier statistics and quantization costs are left out of every statement below."
         )
     for variant, entry in variants.items():
@@ -277,7 +298,8 @@ def conclusions(summary: dict) -> list[str]:
         if low > 0 or high < 0:
             word = "more" if low > 0 else "less"
             lines.append(
-                f"{variant} costs {word} under {PER_TENSOR} than {baseline}: {cost['difference']:+.4f} [{low:+.4f}, {high:+.4f}]."
+                f"{variant} costs {word} under {PER_TENSOR} than {baseline}: {cost['difference']:+.4f} [{low:+.4f}, "
+                f"{high:+.4f}], p = {number(cost['p'])} (two-sided, paired over {cost['seeds']} seeds)."
             )
     pinned = [
         f"{v} ({e['pinned_massive_activation']} of {e['loss']['n']})"
@@ -287,8 +309,7 @@ def conclusions(summary: dict) -> list[str]:
     if pinned:
         lines.append(
             "Runs whose largest activation sits at one (position, feature) in every block, a massive activation "
-            f"carried down the residual stream (Sun et al. 2024): {', '.join(pinned)}. Per-token scales confine "
-            "such a value to its own token; a per-tensor scale spreads its cost over every token."
+            f"carried down the residual stream (Sun et al. 2024): {', '.join(pinned)}."
         )
     rho = summary["rank_correlation"]
     kurt, massive = rho["kurtosis_vs_" + PER_TENSOR], rho["massive_ratio_vs_" + PER_TENSOR]
@@ -299,8 +320,9 @@ def conclusions(summary: dict) -> list[str]:
     else:
         lines.append(
             f"Over the {rho['variants']} variants that trained (each its seeds' mean), Spearman's rho with the "
-            f"{PER_TENSOR} loss increase is {kurt['rho']:+.2f} (p = {kurt['p']:.2g}) for kurtosis and "
-            f"{massive['rho']:+.2f} (p = {massive['p']:.2g}) for the massive-activation ratio."
+            f"{PER_TENSOR} loss increase is {kurt['rho']:+.2f} (exact permutation p = {kurt['p']:.2g}) for kurtosis "
+            f"and {massive['rho']:+.2f} (p = {massive['p']:.2g}) for the massive-activation ratio; over so few "
+            "variants, at one rate, a correlation is suggestive only."
         )
     return lines
 
@@ -337,7 +359,7 @@ def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path
         )
     report = f"""# Outlier features, massive activations and quantization, by norm choice
 
-{len(points)} runs ({len({p.variant for p in points})} variants x seeds), each evaluated in float and under
+{len(points)} runs ({len({p.variant for p in points})} variants x {len(summary["setup"]["seeds"])} seeds), each evaluated in float and under
 {", ".join(SCHEMES)} (model/quantize.py: the blocks' linear layers fake-quantized; embeddings and head in float).
 Δ: quantized minus float validation loss (nats). Means over seeds with Student's t 95% intervals.
 

@@ -36,7 +36,7 @@ def _trained_line(runs, unigram: float) -> None:
 def test_runs_that_did_not_train_are_left_out_of_the_statements(evaluated, tmp_path):
     _trained_line(evaluated, 6.0)  # 4 steps of a tiny model are far above 5.7
     report = outliers.write_report([str(evaluated)], tmp_path).read_text()
-    assert "prmsnorm, rmsnorm did not train" in report and "Positive control" not in report
+    assert "prmsnorm, rmsnorm did not train" in report and "meant as the positive control" not in report
     assert "Too few variants that trained (0)" in report
 
 
@@ -61,7 +61,7 @@ def test_the_report_pairs_each_variants_cost_with_the_baselines_and_plots_it(eva
     )
     assert data["learning_rates"] == [0.003] and data["rank_correlation"]["variants"] == 2
     report = path.read_text()
-    assert "Positive control: prmsnorm" in report and "untuned" in report
+    assert "prmsnorm, meant as the positive control" in report and "untuned" in report
     assert "Too few variants that trained (2)" in report  # two variants: no correlation at the variant level
     assert (tmp_path / "quant_vs_outliers.png").stat().st_size > 0 and (tmp_path / "depth.png").stat().st_size > 0
 
