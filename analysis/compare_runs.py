@@ -1,4 +1,4 @@
-"""Compare any training runs without wandb: plots and a Markdown summary, grouped by a config key.
+"""Compare any training runs without wandb: plots and a summary (Markdown and JSON), grouped by a config key.
 
 The library behind ``scripts/compare_runs.py``. Runs are grouped by a config key, by default by
 every key they differ in except the seed (their variant, e.g. ``rmsnorm-peri-qk``, and, say, the
@@ -13,6 +13,7 @@ named as such, and one run a side gets no test.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,35 +273,69 @@ def reading(result: Comparison | None) -> str:
     return READING[result.verdict]
 
 
-def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | None) -> str:
+def summary_rows(groups: dict[str, list[Run]], metric: str, baseline: str | None) -> list[dict]:
+    """One row per group: its runs and seeds, its final ``metric`` (mean, standard deviation), the comparison
+    with the baseline (the test, Δ, interval, p and reading), its quantization deltas and its speed."""
     finals = {name: [v for r in runs if (v := r.last(metric)) is not None] for name, runs in groups.items()}
     if baseline is not None and baseline not in groups:
         raise RunsError(f"--baseline {baseline!r} is not one of the groups: {', '.join(groups)}")
-    deltas = {name: quant_deltas(runs) for name, runs in groups.items()}
-    schemes = sorted({scheme for d in deltas.values() for scheme in d})
+    rows = []
+    for name, runs in groups.items():
+        values = finals[name]
+        comparison = None
+        if baseline is not None and name != baseline and values and finals[baseline]:
+            comparison = against_baseline(runs, groups[baseline], metric)
+        result = comparison.result if comparison else None
+        rows.append(
+            {
+                "group": name,
+                "runs": len(runs),
+                "seeds": sorted({r.config.get("seed") for r in runs}),
+                "final": {
+                    "mean": statistics.fmean(values) if values else None,
+                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                },
+                "vs_baseline": None
+                if comparison is None
+                else {
+                    "test": comparison.test,
+                    "difference": result.difference if result else None,
+                    "ci95": result.ci95 if result else None,
+                    "p": result.p if result else None,
+                    "seeds": result.seeds if result else None,
+                    "reading": reading(result),
+                },
+                "quant_deltas": quant_deltas(runs),
+                "tokens_per_sec": _median_of(runs, TOKENS_PER_SEC),
+                "mfu": _median_of(runs, MFU),
+                "peak_mem_gb": _mean_of_last(runs, PEAK_MEM),
+                "norm_time_frac": _mean_of_last(runs, NORM_TIME_FRAC),
+            }
+        )
+    return rows
+
+
+def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | None) -> str:
+    """summary_rows as a Markdown table."""
+    rows = summary_rows(groups, metric, baseline)
+    schemes = sorted({scheme for row in rows for scheme in row["quant_deltas"]})
     lines = [
         f"| group | runs | seeds | final {metric} | Δ vs {baseline} [95% CI] | p | reading | compared by | "
         + "".join(f"Δ loss {s} | " for s in schemes)
         + "tokens/s | MFU | peak mem (GB) | time in norms |",
         "|---|---|---|---|---|---|---|---|" + "---|" * len(schemes) + "---|---|---|---|",
     ]
-    for name, runs in groups.items():
-        values = finals[name]
-        mean = statistics.fmean(values) if values else None
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        comparison = None
-        if baseline is not None and name != baseline and values and finals[baseline]:
-            comparison = against_baseline(runs, groups[baseline], metric)
-        result = comparison.result if comparison else None
-        delta_text = f"{number(result.difference, '+.4f')}{interval(result.ci95, '+.4f')}" if result else "–"
-        norm_frac = _mean_of_last(runs, NORM_TIME_FRAC)
+    for row in rows:
+        versus = row["vs_baseline"] or {}
+        delta = versus.get("difference")
+        delta_text = "–" if delta is None else f"{number(delta, '+.4f')}{interval(versus['ci95'], '+.4f')}"
         lines.append(
-            f"| {name} | {len(runs)} | {_seed_list({r.config.get('seed') for r in runs})} | "
-            f"{number(mean, '.4f')} ± {std:.4f} | {delta_text} | {number(result.p if result else None, '.3g')} | "
-            f"{reading(result)} | {comparison.test if comparison else '–'} | "
-            + "".join(f"{number(deltas[name].get(s), '+.4f')} | " for s in schemes)
-            + f"{number(_median_of(runs, TOKENS_PER_SEC), ',.0f')} | {number(_median_of(runs, MFU), '.1%')} | "
-            f"{number(_mean_of_last(runs, PEAK_MEM), '.2f')} | {number(norm_frac, '.1%')} |"
+            f"| {row['group']} | {row['runs']} | {_seed_list(row['seeds'])} | "
+            f"{number(row['final']['mean'], '.4f')} ± {row['final']['std']:.4f} | {delta_text} | "
+            f"{number(versus.get('p'), '.3g')} | {versus.get('reading', '–')} | {versus.get('test', '–')} | "
+            + "".join(f"{number(row['quant_deltas'].get(s), '+.4f')} | " for s in schemes)
+            + f"{number(row['tokens_per_sec'], ',.0f')} | {number(row['mfu'], '.1%')} | "
+            f"{number(row['peak_mem_gb'], '.2f')} | {number(row['norm_time_frac'], '.1%')} |"
         )
     return "\n".join(lines)
 
@@ -334,6 +369,8 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
         f"Plots: loss.png, throughput.png, activations.png, gains.png, depth.png\n\nRuns:\n{runs_list}\n"
     )
     (out / "summary.md").write_text(summary)
+    data = {"metric": metric, "grouped_by": group_by, "baseline": baseline, "groups": summary_rows(groups, metric, baseline)}
+    (out / "summary.json").write_text(json.dumps(data, indent=1))
     return out / "summary.md"
 
 

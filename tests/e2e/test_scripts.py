@@ -52,6 +52,12 @@ def test_compare_runs_pairs_by_seed_as_a_hand_computation_does(sweep, tmp_path):
     assert float(row[5]) == pytest.approx(p, rel=1e-2)
     assert row[6] == "not read: 2 seeds"  # an interval and p, but no reading below the studies' three seeds
     assert row[7] == "paired t, seeds 0, 1"
+    # summary.json holds the same comparison, unrounded
+    data = json.loads((tmp_path / "summary.json").read_text())
+    versus = {g["group"]: g for g in data["groups"]}["layernorm"]["vs_baseline"]
+    assert versus["difference"] == pytest.approx(mean) and versus["p"] == pytest.approx(p, rel=1e-2)
+    assert versus["ci95"] == pytest.approx([mean - 12.7062 * se, mean + 12.7062 * se], rel=1e-4)
+    assert (versus["seeds"], versus["reading"], data["baseline"]) == (2, "not read: 2 seeds", "rmsnorm")
 
 
 def test_compare_runs_names_the_fallback_where_seeds_do_not_pair(sweep, tmp_path):
