@@ -369,7 +369,12 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
         f"Plots: loss.png, throughput.png, activations.png, gains.png, depth.png\n\nRuns:\n{runs_list}\n"
     )
     (out / "summary.md").write_text(summary)
-    data = {"metric": metric, "grouped_by": group_by, "baseline": baseline, "groups": summary_rows(groups, metric, baseline)}
+    data = {
+        "metric": metric,
+        "grouped_by": group_by,
+        "baseline": baseline,
+        "groups": summary_rows(groups, metric, baseline),
+    }
     (out / "summary.json").write_text(json.dumps(data, indent=1))
     return out / "summary.md"
 
