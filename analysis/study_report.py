@@ -83,6 +83,7 @@ def variant_json(study: Study, name: str) -> dict:
     best = per_seed(study, BEST_LOSS, name, report)
     sensitivities = per_seed(study, SENSITIVITY, name, summary.selection_seeds)
     return {
+        "params": study.config(name)["runtime"].get("params"),
         "rates": summary.rates,
         "best_lr": summary.best_lr,
         "best_lr_inside": study.best_inside(name),
