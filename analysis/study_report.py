@@ -304,8 +304,8 @@ t-test on the same differences.
 Each claim as the study's spec declares it (arms chosen by config fields), evaluated by one rule
 (analysis/claims.py): **not tested** when an arm is missing, did not train, has its best rate at an edge,
 is a configuration in which the statistic is bounded by construction, or lies outside the paper's regime;
-otherwise the per-seed differences (arm − against; selection seeds for statistics of the curve, report
-seeds for the loss at the best rate) give the 95% interval, the p-value of the paired t-test (of the two
+otherwise the per-seed differences (arm − against; selection seeds for statistics of the whole curve, report
+seeds for those read at the best rate) give the 95% interval, the p-value of the paired t-test (of the two
 one-sided tests against the margin for "similar") and the verdict, which agree: no "agrees" at p ≥ 0.05.
 
 {claims_table(evaluated)}
