@@ -25,13 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from analysis.format import interval, number
-from analysis.keys import metric_key
+from analysis.keys import fields, metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import Run, RunsError, load_runs
 from analysis.stats import t_interval
 from analysis.study import TRAINED_MARGIN
 
 VAL_LOSS = metric_key("val/loss")
+SATURATED = metric_key("act/{norm}/saturated")
 COMMAND = "python train.py -m +experiment=dyt_map"
 
 
@@ -72,6 +73,16 @@ def final_loss(run: Run) -> float | None:
     return None if run.diverged_at is not None else run.last(VAL_LOSS)
 
 
+def saturation(run: Run) -> float | None:
+    """The share of the norms' inputs in tanh's (erf's) flat part, |alpha x| > 2, mean over the model's norms at
+    the last stats step: near 0, the norm acts as the linear map alpha x; near 1, as a sign."""
+    for row in reversed(run.rows):
+        values = [value for key, value in row.items() if fields(SATURATED, key) is not None]
+        if values:
+            return statistics.fmean(values)
+    return None
+
+
 def summarize(runs: list[Run]) -> dict:
     """Every setting's seeds, losses and verdict, and per norm the smallest model at which one trains."""
     by_setting: dict[Setting, list[Run]] = defaultdict(list)
@@ -87,15 +98,18 @@ def summarize(runs: list[Run]) -> dict:
     line = unigram - TRAINED_MARGIN
     settings = []
     for setting, seed_runs in by_setting.items():
-        losses = [final_loss(r) for r in sorted(seed_runs, key=lambda r: r.config["seed"])]
+        seed_runs.sort(key=lambda r: r.config["seed"])
+        losses = [final_loss(r) for r in seed_runs]
         finite = [loss for loss in losses if loss is not None]
+        saturated = [value for r in seed_runs if (value := saturation(r)) is not None]
         settings.append(
             {
                 **asdict(setting),
-                "seeds": sorted(r.config["seed"] for r in seed_runs),
+                "seeds": [r.config["seed"] for r in seed_runs],
                 "losses": losses,
                 "loss": {"mean": statistics.fmean(finite), "ci95": t_interval(finite)} if finite else None,
                 "trained": all(loss is not None and loss <= line for loss in losses),
+                "saturated": statistics.fmean(saturated) if saturated else None,
             }
         )
     settings.sort(key=lambda s: (s["norm"], s["params"], s["embed_scale"], -s["lr"], s["warmup_steps"], s["alpha"]))
@@ -154,7 +168,8 @@ def _row(s: dict) -> str:
     value = "diverged" if loss is None else number(loss["mean"], ".3f") + interval(loss["ci95"])
     return (
         f"| {s['norm']} | {s['model']} ({s['params'] / 1e6:.2f}M) | {s['alpha']:g} | {s['embed_scale']} | "
-        f"{s['lr']:g} | {s['warmup_steps']} | {len(s['seeds'])} | {value} | {'yes' if s['trained'] else 'no'} |"
+        f"{s['lr']:g} | {s['warmup_steps']} | {len(s['seeds'])} | {value} | {number(s['saturated'], '.0%')} | "
+        f"{'yes' if s['trained'] else 'no'} |"
     )
 
 
@@ -201,15 +216,17 @@ def write_report(inputs: list[str], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plot_map(summary, out / "map.png")
     table = [
-        "| norm | model | alpha | embed scale | lr | warmup | seeds | final val loss [95% CI] | trains |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| norm | model | alpha | embed scale | lr | warmup | seeds | final val loss [95% CI] | saturated | trains |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *(_row(s) for s in summary["settings"]),
     ]
     report = f"""# Where DyT starts to train: the map
 
 {len(finished)} runs, {len(summary["settings"])} settings (configs/experiment/dyt_map.yaml). A setting trains when
 its final validation loss is at least {summary["trained_margin"]} nats below the unigram loss
-{summary["unigram_loss"]:.3f} (the line {summary["line"]:.3f}), every seed of it.
+{summary["unigram_loss"]:.3f} (the line {summary["line"]:.3f}), every seed of it. Saturated: the share of
+the norms' inputs with |alpha x| > 2, where tanh (erf) is flat, mean over the model's norms at the end
+of training (near 0: each norm acts as the linear map alpha x).
 
 ![final loss against alpha](map.png)
 

@@ -20,6 +20,10 @@ def _run(root, model, d_model, params, alpha, loss, seed=0, norm="dyt", unigram=
     config["train"]["warmup_steps"] = 40
     config["runtime"].update(params=params, unigram_val_loss=unigram)
     (run / "config.yaml").write_text(yaml.safe_dump(config))
+    metrics = run / "metrics.jsonl"  # the last row's stats: one norm saturated by alpha, one not at all
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows[-1].update({"act/layers.0.attn_norm/saturated": min(1.0, alpha), "act/final_norm/saturated": 0.0})
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def test_the_smallest_model_that_trains_is_named_with_its_best_setting(tmp_path):
@@ -34,6 +38,7 @@ def test_the_smallest_model_that_trains_is_named_with_its_best_setting(tmp_path)
     found = summary["smallest_trained"]["dyt"]
     assert (found["model"], found["settings"], found["best"]["alpha"]) == ("d128", 2, 0.003)
     assert [s["trained"] for s in summary["settings"]] == [False, False, True, True, False, True]
+    assert [s["saturated"] for s in summary["settings"][:2]] == [0.005, 0.25]  # mean of (alpha, 0) over the norms
 
 
 def test_with_several_seeds_every_seed_must_train_and_the_mean_gets_an_interval(tmp_path):
