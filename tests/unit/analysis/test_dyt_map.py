@@ -47,7 +47,10 @@ def test_with_several_seeds_every_seed_must_train_and_the_mean_gets_an_interval(
     for seed, loss in enumerate((5.4, 5.5, 5.6)):
         _run(tmp_path, "d64", 64, 400_000, 0.003, loss, seed=seed)
     _run(tmp_path, "d64", 64, 400_000, 2.0, 5.0, diverged_at=12)  # a diverged run did not train
-    settings = {s["alpha"]: s for s in summarize(load_runs([str(tmp_path)])[0])["settings"]}
+    _run(tmp_path, "d64", 64, 400_000, 0.001, 5.45)  # one seed, below 0.003's mean but above its map seed
+    summary = summarize(load_runs([str(tmp_path)])[0])
+    assert summary["smallest_trained"]["dyt"]["best"]["alpha"] == 0.003  # chosen on seed 0: 5.4 against 5.45
+    settings = {s["alpha"]: s for s in summary["settings"]}
     assert settings[0.01]["trained"] is False and settings[0.003]["trained"] is True
     assert settings[0.003]["loss"]["mean"] == pytest.approx(5.5)
     low, high = settings[0.003]["loss"]["ci95"]
