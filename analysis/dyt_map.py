@@ -44,7 +44,7 @@ class Setting:
     model: str
     d_model: int
     params: int
-    alpha: float
+    alpha: float | None  # None for a norm without one: `identity`, the map's no-norm control
     embed_scale: str
     lr: float
     warmup_steps: int
@@ -61,7 +61,7 @@ def setting_of(run: Run) -> Setting:
         cfg["model"]["name"],
         int(cfg["model"]["d_model"]),
         int(cfg["runtime"]["params"]),
-        float(cfg["norm"]["alpha_init"]),
+        None if cfg["norm"].get("alpha_init") is None else float(cfg["norm"]["alpha_init"]),
         str(cfg["model"]["embed_scale"]),
         float(cfg["train"]["lr"]),
         int(cfg["train"]["warmup_steps"]),
@@ -113,7 +113,9 @@ def summarize(runs: list[Run]) -> dict:
                 "saturated": statistics.fmean(saturated) if saturated else None,
             }
         )
-    settings.sort(key=lambda s: (s["norm"], s["params"], s["embed_scale"], -s["lr"], s["warmup_steps"], s["alpha"]))
+    settings.sort(
+        key=lambda s: (s["norm"], s["params"], s["embed_scale"], -s["lr"], s["warmup_steps"], s["alpha"] or 0.0)
+    )
     smallest = {}
     for norm in sorted({s["norm"] for s in settings}):
         trained = [s for s in settings if s["norm"] == norm and s["trained"]]
@@ -134,8 +136,10 @@ def summarize(runs: list[Run]) -> dict:
 
 
 def plot_map(summary: dict, path: Path) -> None:
+    """A panel per norm with an alpha and model, a line per embedding scale and schedule; a norm without an
+    alpha (the no-norm control) is a dotted level in the panels of its model."""
     plt = pyplot()
-    panels = sorted({(s["norm"], s["params"], s["model"]) for s in summary["settings"]})
+    panels = sorted({(s["norm"], s["params"], s["model"]) for s in summary["settings"] if s["alpha"] is not None})
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False, sharey=True)
     for ax, (norm, _, model) in zip(axes[0], panels):
         lines: dict[tuple, list[dict]] = defaultdict(list)
@@ -153,6 +157,14 @@ def plot_map(summary: dict, path: Path) -> None:
                 marker="o",
                 label=f"embed {embed}, lr {lr:g}, warmup {warmup}",
             )
+        for s in summary["settings"]:
+            if s["alpha"] is None and s["model"] == model and s["loss"]:
+                ax.axhline(
+                    s["loss"]["mean"] - summary["unigram_loss"],
+                    ls=":",
+                    color="black",
+                    label=f"{s['norm']}, embed {s['embed_scale']}, lr {s['lr']:g}, warmup {s['warmup_steps']}",
+                )
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.axhline(-summary["trained_margin"], color="grey", lw=0.8, ls="--")
         ax.set_xscale("log")
@@ -169,7 +181,7 @@ def _row(s: dict) -> str:
     loss = s["loss"]
     value = "diverged" if loss is None else number(loss["mean"], ".3f") + interval(loss["ci95"])
     return (
-        f"| {s['norm']} | {s['model']} ({s['params'] / 1e6:.2f}M) | {s['alpha']:g} | {s['embed_scale']} | "
+        f"| {s['norm']} | {s['model']} ({s['params'] / 1e6:.2f}M) | {number(s['alpha'], 'g')} | {s['embed_scale']} | "
         f"{s['lr']:g} | {s['warmup_steps']} | {len(s['seeds'])} | {value} | {number(s['saturated'], '.0%')} | "
         f"{'yes' if s['trained'] else 'no'} |"
     )
@@ -196,16 +208,16 @@ def findings(summary: dict) -> list[str]:
         lines.append(
             f"{norm} trains from {found['model']} ({found['params'] / 1e6:.2f}M parameters), the smallest model "
             f"mapped at which a setting trains: {found['settings']} settings there. The best on the map's seed "
-            f"{seeds[0]} is alpha {best['alpha']:g}, embed {best['embed_scale']}, "
+            f"{seeds[0]} is alpha {number(best['alpha'], 'g')}, embed {best['embed_scale']}, "
             f"{Setting(**{k: best[k] for k in Setting.__dataclass_fields__}).schedule}, at {best['map_loss']:.3f}; "
             f"{confirmed}."
         )
         for model in sorted(
             {s["model"] for s in mine}, key=lambda m: next(s["params"] for s in mine if s["model"] == m)
         ):
-            alphas = sorted({s["alpha"] for s in mine if s["model"] == model and s["trained"]})
+            alphas = sorted({number(s["alpha"], "g") for s in mine if s["model"] == model and s["trained"]})
             lines.append(
-                f"{norm} at {model}: trains at alpha {', '.join(f'{a:g}' for a in alphas)} (in some setting)"
+                f"{norm} at {model}: trains at alpha {', '.join(alphas)} (in some setting)"
                 if alphas
                 else f"{norm} at {model}: trains at no alpha mapped"
             )  # fmt: skip
