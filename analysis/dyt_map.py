@@ -113,18 +113,19 @@ def summarize(runs: list[Run]) -> dict:
                 "saturated": statistics.fmean(saturated) if saturated else None,
             }
         )
+    size = {s["model"]: _params(settings, s["model"]) for s in settings}  # (a list being sorted reads as empty)
     settings.sort(
-        key=lambda s: (s["norm"], s["params"], s["embed_scale"], -s["lr"], s["warmup_steps"], s["alpha"] or 0.0)
+        key=lambda s: (s["norm"], size[s["model"]], s["embed_scale"], -s["lr"], s["warmup_steps"], s["alpha"] or 0.0)
     )
     smallest = {}
     for norm in sorted({s["norm"] for s in settings}):
         trained = [s for s in settings if s["norm"] == norm and s["trained"]]
         if trained:
-            params = min(s["params"] for s in trained)
-            at_smallest = [s for s in trained if s["params"] == params]
+            model = min({s["model"] for s in trained}, key=lambda m: _params(settings, m))
+            at_smallest = [s for s in trained if s["model"] == model]
             smallest[norm] = {
-                "model": at_smallest[0]["model"],
-                "params": params,
+                "model": model,
+                "params": _params(settings, model),
                 # chosen on the map's seed, so the seeds that confirm it never chose it
                 "best": min(at_smallest, key=lambda s: s["map_loss"]),
                 "settings": len(at_smallest),
@@ -136,45 +137,57 @@ def summarize(runs: list[Run]) -> dict:
 
 
 def plot_map(summary: dict, path: Path) -> None:
-    """A panel per norm with an alpha and model, a line per embedding scale and schedule; a norm without an
-    alpha (the no-norm control) is a dotted level in the panels of its model."""
+    """A panel per norm with an alpha and model, a line per embedding scale and schedule (one colour each
+    across panels); a norm without an alpha (the no-norm control) is a dotted level in its model's panels."""
     plt = pyplot()
-    panels = sorted({(s["norm"], s["params"], s["model"]) for s in summary["settings"] if s["alpha"] is not None})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False, sharey=True)
-    for ax, (norm, _, model) in zip(axes[0], panels):
-        lines: dict[tuple, list[dict]] = defaultdict(list)
-        for s in summary["settings"]:
-            if (s["norm"], s["model"]) == (norm, model):
-                lines[(s["embed_scale"], s["lr"], s["warmup_steps"])].append(s)
-        for (embed, lr, warmup), cells in sorted(lines.items()):
-            cells.sort(key=lambda s: s["alpha"])
-            ax.plot(
-                [s["alpha"] for s in cells],
-                [
-                    (s["loss"]["mean"] if s["loss"] else summary["unigram_loss"]) - summary["unigram_loss"]
-                    for s in cells
-                ],
-                marker="o",
-                label=f"embed {embed}, lr {lr:g}, warmup {warmup}",
-            )
-        for s in summary["settings"]:
-            if s["alpha"] is None and s["model"] == model and s["loss"]:
-                ax.axhline(
-                    s["loss"]["mean"] - summary["unigram_loss"],
-                    ls=":",
-                    color="black",
-                    label=f"{s['norm']}, embed {s['embed_scale']}, lr {s['lr']:g}, warmup {s['warmup_steps']}",
+    with_alpha = [s for s in summary["settings"] if s["alpha"] is not None]
+    panels = sorted({(s["norm"], s["model"]) for s in with_alpha}, key=lambda p: (p[0], _params(with_alpha, p[1])))
+    curves = sorted({(s["embed_scale"], s["lr"], s["warmup_steps"]) for s in with_alpha})
+    colours = {curve: f"C{i}" for i, curve in enumerate(curves)}
+    controls = [s for s in summary["settings"] if s["alpha"] is None and s["loss"]]
+    columns = min(2, len(panels))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.2 * rows), squeeze=False, sharey=True)
+    for ax, (norm, model) in zip(axes.flat, panels):
+        for curve in curves:
+            cells = sorted(
+                (s for s in with_alpha if (s["norm"], s["model"]) == (norm, model)
+                 and (s["embed_scale"], s["lr"], s["warmup_steps"]) == curve),
+                key=lambda s: s["alpha"],
+            )  # fmt: skip
+            if cells:
+                losses = [(s["loss"]["mean"] if s["loss"] else summary["unigram_loss"]) for s in cells]
+                ax.plot(
+                    [s["alpha"] for s in cells],
+                    [loss - summary["unigram_loss"] for loss in losses],
+                    marker="o",
+                    color=colours[curve],
+                    label=f"embed {curve[0]}, lr {curve[1]:g}, warmup {curve[2]}",
                 )
+        for i, s in enumerate(c for c in controls if c["model"] == model):
+            ax.axhline(
+                s["loss"]["mean"] - summary["unigram_loss"],
+                ls=":",
+                color="black" if i == 0 else "grey",
+                label=f"{s['norm']} (no norm), embed {s['embed_scale']}",
+            )
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.axhline(-summary["trained_margin"], color="grey", lw=0.8, ls="--")
         ax.set_xscale("log")
         ax.set_xlabel("alpha (every norm's initial value)")
+        ax.set_ylabel("final val loss − unigram loss (nats)")
         ax.set_title(f"{norm}, {model}")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final val loss − unigram loss (nats)")
-    axes[0][0].legend(fontsize=7)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
     fig.suptitle(f"Below the dashed line ({summary['trained_margin']} nats under the unigram loss) a setting trains")
     save(fig, path)
+
+
+def _params(settings: list[dict], model: str) -> int:
+    """A model's size: its fewest parameters over the settings (a learned embedding scale adds one)."""
+    return min(s["params"] for s in settings if s["model"] == model)
 
 
 def _row(s: dict) -> str:

@@ -32,12 +32,13 @@ def test_the_smallest_model_that_trains_is_named_with_its_best_setting(tmp_path)
     _run(tmp_path, "d128", 128, 1_000_000, 0.5, 6.0)
     _run(tmp_path, "d128", 128, 1_000_000, 0.01, 5.5)  # trains
     _run(tmp_path, "d128", 128, 1_000_000, 0.003, 5.4)  # trains, and better
+    _run(tmp_path, "d128", 128, 1_000_001, 0.001, 5.3)  # one parameter more (a learned embedding scale): same model
     _run(tmp_path, "d256", 256, 4_000_000, 0.5, 5.0)
     summary = summarize(load_runs([str(tmp_path)])[0])
     assert summary["line"] == pytest.approx(5.7)
     found = summary["smallest_trained"]["dyt"]
-    assert (found["model"], found["settings"], found["best"]["alpha"]) == ("d128", 2, 0.003)
-    assert [s["trained"] for s in summary["settings"]] == [False, False, True, True, False, True]
+    assert (found["model"], found["params"], found["settings"], found["best"]["alpha"]) == ("d128", 1_000_000, 3, 0.001)
+    assert [s["trained"] for s in summary["settings"]] == [False, False, True, True, True, False, True]
     assert [s["saturated"] for s in summary["settings"][:2]] == [0.005, 0.25]  # mean of (alpha, 0) over the norms
 
 
