@@ -28,7 +28,7 @@ from analysis.format import interval, number
 from analysis.keys import fields, metric_key
 from analysis.plots import pyplot, save
 from analysis.runs import Run, RunsError, load_runs
-from analysis.stats import t_interval
+from analysis.stats import paired_comparison, t_interval
 from analysis.study import TRAINED_MARGIN
 
 VAL_LOSS = metric_key("val/loss")
@@ -48,10 +48,12 @@ class Setting:
     embed_scale: str
     lr: float
     warmup_steps: int
+    steps: int
+    batch_size: int
 
     @property
     def schedule(self) -> str:
-        return f"lr {self.lr:g}, warmup {self.warmup_steps}"
+        return f"lr {self.lr:g}, warmup {self.warmup_steps}, {self.steps} steps of {self.batch_size} sequences"
 
 
 def setting_of(run: Run) -> Setting:
@@ -65,6 +67,8 @@ def setting_of(run: Run) -> Setting:
         str(cfg["model"]["embed_scale"]),
         float(cfg["train"]["lr"]),
         int(cfg["train"]["warmup_steps"]),
+        int(cfg["train"]["max_steps"]),
+        int(cfg["train"]["batch_size"]),
     )
 
 
@@ -81,6 +85,22 @@ def saturation(run: Run) -> float | None:
         if values:
             return statistics.fmean(values)
     return None
+
+
+def against_no_norm(best: dict, settings: list[dict]) -> dict | None:
+    """The best setting's loss minus the no-norm control's (a setting without an alpha on the same model,
+    embedding scale and schedule), paired by seed over the seeds both ran (two or more); else None."""
+    same = ("model", "embed_scale", "lr", "warmup_steps", "steps", "batch_size")
+    control = next((s for s in settings if s["alpha"] is None and all(s[k] == best[k] for k in same)), None)
+    if control is None or best is control:
+        return None
+    mine, theirs = dict(zip(best["seeds"], best["losses"])), dict(zip(control["seeds"], control["losses"]))
+    seeds = sorted(seed for seed in mine.keys() & theirs.keys() if mine[seed] is not None and theirs[seed] is not None)
+    if len(seeds) < 2:
+        return None
+    comparison = paired_comparison([mine[seed] - theirs[seed] for seed in seeds], "higher")
+    return {"control": control["norm"], "difference": comparison.difference, "ci95": comparison.ci95,
+            "p": comparison.p, "seeds": seeds}  # fmt: skip
 
 
 def summarize(runs: list[Run]) -> dict:
@@ -130,6 +150,7 @@ def summarize(runs: list[Run]) -> dict:
                 "best": min(at_smallest, key=lambda s: s["map_loss"]),
                 "settings": len(at_smallest),
             }
+            smallest[norm]["vs_no_norm"] = against_no_norm(smallest[norm]["best"], settings)
         else:
             smallest[norm] = None
     return {"unigram_loss": unigram, "line": line, "trained_margin": TRAINED_MARGIN, "settings": settings,
@@ -195,7 +216,7 @@ def _row(s: dict) -> str:
     value = "diverged" if loss is None else number(loss["mean"], ".3f") + interval(loss["ci95"])
     return (
         f"| {s['norm']} | {s['model']} ({s['params'] / 1e6:.2f}M) | {number(s['alpha'], 'g')} | {s['embed_scale']} | "
-        f"{s['lr']:g} | {s['warmup_steps']} | {len(s['seeds'])} | {value} | {number(s['saturated'], '.0%')} | "
+        f"{s['lr']:g} | {s['warmup_steps']} | {s['steps']} × {s['batch_size']} | {len(s['seeds'])} | {value} | {number(s['saturated'], '.0%')} | "
         f"{'yes' if s['trained'] else 'no'} |"
     )
 
@@ -218,6 +239,13 @@ def findings(summary: dict) -> list[str]:
             if len(seeds) >= 3
             else f"{len(seeds)} seed: not confirmed (its command with seed=1,2 adds seeds that did not choose it)"
         )
+        versus = found.get("vs_no_norm")
+        if versus:
+            confirmed += (
+                f"; against no norm ({versus['control']}) at the same model, embedding scale and schedule it is "
+                f"{versus['difference']:+.3f}{interval(versus['ci95'], '+.3f')} nats, p = {number(versus['p'])}, "
+                f"paired over seeds {', '.join(map(str, versus['seeds']))}"
+            )
         lines.append(
             f"{norm} trains from {found['model']} ({found['params'] / 1e6:.2f}M parameters), the smallest model "
             f"mapped at which a setting trains: {found['settings']} settings there. The best on the map's seed "
@@ -251,8 +279,8 @@ def write_report(inputs: list[str], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plot_map(summary, out / "map.png")
     table = [
-        "| norm | model | alpha | embed scale | lr | warmup | seeds | final val loss [95% CI] | saturated | trains |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| norm | model | alpha | embed scale | lr | warmup | steps × batch | seeds | final val loss [95% CI] | saturated | trains |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *(_row(s) for s in summary["settings"]),
     ]
     report = f"""# Where DyT starts to train: the map

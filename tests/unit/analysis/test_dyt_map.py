@@ -17,13 +17,14 @@ def _run(root, model, d_model, params, alpha, loss, seed=0, norm="dyt", unigram=
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["norm"] = {"name": norm, "alpha_init": alpha}
     config["model"].update(d_model=d_model, embed_scale="none")
-    config["train"]["warmup_steps"] = 40
+    config["train"].update(warmup_steps=40, batch_size=8)
     config["runtime"].update(params=params, unigram_val_loss=unigram)
     (run / "config.yaml").write_text(yaml.safe_dump(config))
-    metrics = run / "metrics.jsonl"  # the last row's stats: one norm saturated by alpha, one not at all
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    rows[-1].update({"act/layers.0.attn_norm/saturated": min(1.0, alpha), "act/final_norm/saturated": 0.0})
-    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if alpha is not None:  # the last row's stats: one norm saturated by alpha, one not at all
+        metrics = run / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        rows[-1].update({"act/layers.0.attn_norm/saturated": min(1.0, alpha), "act/final_norm/saturated": 0.0})
+        metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def test_the_smallest_model_that_trains_is_named_with_its_best_setting(tmp_path):
@@ -52,6 +53,12 @@ def test_with_several_seeds_every_seed_must_train_and_the_mean_gets_an_interval(
     summary = summarize(load_runs([str(tmp_path)])[0])
     assert summary["smallest_trained"]["dyt"]["best"]["alpha"] == 0.003  # chosen on seed 0: 5.4 against 5.45
     settings = {s["alpha"]: s for s in summary["settings"]}
+    assert summary["smallest_trained"]["dyt"]["vs_no_norm"] is None  # no control ran
+    for seed, loss in enumerate((5.0, 5.2, 5.1)):  # the no-norm control, seeds 0-2: differences 0.4, 0.3, 0.5
+        _run(tmp_path, "d64", 64, 400_000, None, loss, seed=seed, norm="identity")
+    versus = summarize(load_runs([str(tmp_path)])[0])["smallest_trained"]["dyt"]["vs_no_norm"]
+    assert (versus["control"], versus["seeds"]) == ("identity", [0, 1, 2])
+    assert versus["difference"] == pytest.approx(0.4) and versus["ci95"][0] > 0
     assert settings[0.01]["trained"] is False and settings[0.003]["trained"] is True
     assert settings[0.003]["loss"]["mean"] == pytest.approx(5.5)
     low, high = settings[0.003]["loss"]["ci95"]
