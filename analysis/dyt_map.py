@@ -30,6 +30,7 @@ from analysis.plots import pyplot, save
 from analysis.runs import Run, RunsError, load_runs
 from analysis.stats import paired_comparison, t_interval
 from analysis.study import TRAINED_MARGIN
+from training.checkpoint import list_checkpoints, load_checkpoint
 
 VAL_LOSS = metric_key("val/loss")
 SATURATED = metric_key("act/{norm}/saturated")
@@ -77,14 +78,22 @@ def final_loss(run: Run) -> float | None:
     return None if run.diverged_at is not None else run.last(VAL_LOSS)
 
 
-def saturation(run: Run) -> float | None:
-    """The share of the norms' inputs in tanh's (erf's) flat part, |alpha x| > 2, mean over the model's norms at
-    the last stats step: near 0, the norm acts as the linear map alpha x; near 1, as a sign."""
+def saturation(run: Run) -> list[float]:
+    """Each norm's share of inputs in tanh's (erf's) flat part, |alpha x| > 2, at the last stats step."""
     for row in reversed(run.rows):
         values = [value for key, value in row.items() if fields(SATURATED, key) is not None]
         if values:
-            return statistics.fmean(values)
-    return None
+            return values
+    return []
+
+
+def final_alphas(run: Run) -> list[float]:
+    """Each norm's alpha in the run's last checkpoint: where training left it (the map sweeps where it starts)."""
+    checkpoints = list_checkpoints(run.path)
+    if not checkpoints:
+        return []
+    state = load_checkpoint(checkpoints[-1])["model"]
+    return [float(value) for key, value in state.items() if key.endswith(".alpha")]
 
 
 def against_no_norm(best: dict, settings: list[dict]) -> dict | None:
@@ -121,7 +130,8 @@ def summarize(runs: list[Run]) -> dict:
         seed_runs.sort(key=lambda r: r.config["seed"])
         losses = [final_loss(r) for r in seed_runs]
         finite = [loss for loss in losses if loss is not None]
-        saturated = [value for r in seed_runs if (value := saturation(r)) is not None]
+        saturated = [shares for r in seed_runs if (shares := saturation(r))]
+        alphas = final_alphas(seed_runs[0])
         settings.append(
             {
                 **asdict(setting),
@@ -130,7 +140,10 @@ def summarize(runs: list[Run]) -> dict:
                 "map_loss": losses[0],  # the map's own seed (the lowest): it chooses the best setting
                 "loss": {"mean": statistics.fmean(finite), "ci95": t_interval(finite)} if finite else None,
                 "trained": all(loss is not None and loss <= line for loss in losses),
-                "saturated": statistics.fmean(saturated) if saturated else None,
+                # over the norms, mean over seeds: the mean share, and the most saturated norm's
+                "saturated": statistics.fmean(statistics.fmean(s) for s in saturated) if saturated else None,
+                "saturated_max": statistics.fmean(max(s) for s in saturated) if saturated else None,
+                "alpha_end": [min(alphas), max(alphas)] if alphas else None,  # over the norms, the map seed's run
             }
         )
     size = {s["model"]: _params(settings, s["model"]) for s in settings}  # (a list being sorted reads as empty)
@@ -141,11 +154,12 @@ def summarize(runs: list[Run]) -> dict:
     for norm in sorted({s["norm"] for s in settings}):
         trained = [s for s in settings if s["norm"] == norm and s["trained"]]
         if trained:
-            model = min({s["model"] for s in trained}, key=lambda m: _params(settings, m))
+            mine = [s for s in settings if s["norm"] == norm]
+            model = min({s["model"] for s in trained}, key=lambda m: _params(mine, m))
             at_smallest = [s for s in trained if s["model"] == model]
             smallest[norm] = {
                 "model": model,
-                "params": _params(settings, model),
+                "params": _params(mine, model),
                 # chosen on the map's seed, so the seeds that confirm it never chose it
                 "best": min(at_smallest, key=lambda s: s["map_loss"]),
                 "settings": len(at_smallest),
@@ -177,7 +191,8 @@ def plot_map(summary: dict, path: Path) -> None:
                 key=lambda s: s["alpha"],
             )  # fmt: skip
             if cells:
-                losses = [(s["loss"]["mean"] if s["loss"] else summary["unigram_loss"]) for s in cells]
+                # the map's seed, which every setting ran (a mean over added seeds would not compare)
+                losses = [summary["unigram_loss"] if s["map_loss"] is None else s["map_loss"] for s in cells]
                 ax.plot(
                     [s["alpha"] for s in cells],
                     [loss - summary["unigram_loss"] for loss in losses],
@@ -202,7 +217,9 @@ def plot_map(summary: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
-    fig.suptitle(f"Below the dashed line ({summary['trained_margin']} nats under the unigram loss) a setting trains")
+    fig.suptitle(
+        f"The map's seed 0; below the dashed line ({summary['trained_margin']} nats under the unigram loss) a run trains"
+    )
     save(fig, path)
 
 
@@ -214,10 +231,13 @@ def _params(settings: list[dict], model: str) -> int:
 def _row(s: dict) -> str:
     loss = s["loss"]
     value = "diverged" if loss is None else number(loss["mean"], ".3f") + interval(loss["ci95"])
+    seeds = ", ".join(number(x, ".3f") for x in s["losses"]) if len(s["losses"]) > 1 else ""
+    end = "–" if s["alpha_end"] is None else " to ".join(f"{a:.2g}" for a in s["alpha_end"])
     return (
-        f"| {s['norm']} | {s['model']} ({s['params'] / 1e6:.2f}M) | {number(s['alpha'], 'g')} | {s['embed_scale']} | "
-        f"{s['lr']:g} | {s['warmup_steps']} | {s['steps']} × {s['batch_size']} | {len(s['seeds'])} | {value} | {number(s['saturated'], '.0%')} | "
-        f"{'yes' if s['trained'] else 'no'} |"
+        f"| {s['norm']} | {s['model']} ({s['params'] / 1e6:.2f}M) | {number(s['alpha'], 'g')} | {end} | "
+        f"{s['embed_scale']} | {s['lr']:g} | {s['warmup_steps']} | {s['steps']} × {s['batch_size']} | "
+        f"{len(s['seeds'])} | {value}{f' ({seeds})' if seeds else ''} | {number(s['saturated'], '.0%')}, "
+        f"{number(s['saturated_max'], '.0%')} | {'yes' if s['trained'] else 'no'} |"
     )
 
 
@@ -279,8 +299,9 @@ def write_report(inputs: list[str], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plot_map(summary, out / "map.png")
     table = [
-        "| norm | model | alpha | embed scale | lr | warmup | steps × batch | seeds | final val loss [95% CI] | saturated | trains |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| norm | model | alpha | alpha at the end | embed scale | lr | warmup | steps × batch | seeds "
+        "| final val loss [95% CI] (per seed) | saturated: mean, most | trains |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(_row(s) for s in summary["settings"]),
     ]
     report = f"""# Where DyT starts to train: the map
@@ -288,8 +309,9 @@ def write_report(inputs: list[str], out: Path) -> Path:
 {len(finished)} runs, {len(summary["settings"])} settings (configs/experiment/dyt_map.yaml). A setting trains when
 its final validation loss is at least {summary["trained_margin"]} nats below the unigram loss
 {summary["unigram_loss"]:.3f} (the line {summary["line"]:.3f}), every seed of it. Saturated: the share of
-the norms' inputs with |alpha x| > 2, where tanh (erf) is flat, mean over the model's norms at the end
-of training (near 0: each norm acts as the linear map alpha x).
+the norms' inputs with |alpha x| > 2, where tanh (erf) is flat, at the end of training: the mean over the
+model's norms and the most saturated norm's (means over seeds). Alpha at the end: the lowest and highest
+over the model's norms in the last checkpoint of the map's seed (alpha is learned; the map sets its start).
 
 ![final loss against alpha](map.png)
 

@@ -3,10 +3,11 @@
 import json
 
 import pytest
+import torch
 import yaml
 from synthetic_studies import write_run
 
-from analysis.dyt_map import summarize, write_report
+from analysis.dyt_map import final_alphas, summarize, write_report
 from analysis.runs import RunsError, load_runs
 
 UNIGRAM = 6.0  # the line is 5.7
@@ -91,3 +92,18 @@ def test_the_script_without_finished_runs_says_what_to_train(tmp_path, capsys):
     metrics.write_text(metrics.read_text().splitlines()[0] + "\n")  # stopped at step 10 of 20
     assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 1
     assert "no finished run" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_alpha_at_the_end_is_read_from_the_last_checkpoint(tmp_path):
+    _run(tmp_path, "d64", 64, 400_000, 0.5, 6.05)
+    run_dir = next(p.parent for p in tmp_path.rglob("config.yaml"))
+    (run_dir / "checkpoints").mkdir()
+    alphas = {"layers.0.attn_norm.alpha": torch.tensor(0.1), "final_norm.alpha": torch.tensor(-0.2)}
+    torch.save(
+        {"model": {**alphas, "tok_embeddings.weight": torch.zeros(2, 2)}}, run_dir / "checkpoints" / "step_0000010.pt"
+    )
+    torch.save({"model": {k: v * 3 for k, v in alphas.items()}}, run_dir / "checkpoints" / "step_0000020.pt")
+    (run,) = load_runs([str(tmp_path)])[0]
+    assert final_alphas(run) == pytest.approx([0.3, -0.6])  # the newest checkpoint's
+    (setting,) = summarize([run])["settings"]
+    assert setting["alpha_end"] == pytest.approx([-0.6, 0.3]) and setting["saturated_max"] == 0.5
