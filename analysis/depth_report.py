@@ -89,8 +89,12 @@ def plot_loss_vs_depth(rows: list[dict], path: Path, unigram: float | None) -> N
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, variant in enumerate(rows[0]["variants"]):
-        depths = [row["n_layers"] for row in rows if variant in row["variants"]]
-        losses = [row["variants"][variant]["best_loss"] for row in rows if variant in row["variants"]]
+        # the depths at which the variant has a reported loss (report seeds at its best rate)
+        reported = [
+            row for row in rows if row["variants"].get(variant, {}).get("best_loss", {}).get("mean") is not None
+        ]
+        depths = [row["n_layers"] for row in reported]
+        losses = [row["variants"][variant]["best_loss"] for row in reported]
         ys = [loss["mean"] for loss in losses]
         errors = error_bars(ys, [loss["ci95"] for loss in losses])
         ax.errorbar(depths, ys, yerr=errors, marker="o", capsize=4, label=variant, color=plt.get_cmap("tab10")(i))

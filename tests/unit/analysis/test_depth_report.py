@@ -97,3 +97,14 @@ def test_the_report_writes_its_figures_table_and_json(tmp_path):
     }
     for name in ("loss_vs_depth.png", "layer_importance.png"):
         assert (tmp_path / "out" / name).stat().st_size > 10_000
+
+
+def test_a_report_before_the_report_seeds_ran_leaves_the_loss_blank(tmp_path):
+    """A study stopped after its grid: no variant has report seeds yet, so no held-out loss to plot or print."""
+    grid = {"rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6}}
+    for model, n_layers in (("d8", 8), ("d4", 4)):
+        write_study(tmp_path / "runs", grid, report=(), model=model, n_layers=n_layers)
+    report = write_depth_report([str(tmp_path / "runs")], tmp_path / "out", "val/loss", "rmsnorm").read_text()
+    assert "| rmsnorm | 0.01, – | 0.01, – |" in report  # best rate 0.01 at both depths, no loss yet
+    data = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert data["by_depth"][0]["variants"]["rmsnorm"]["best_loss"] == {"mean": None, "ci95": None, "seeds": 0}
