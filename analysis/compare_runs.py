@@ -317,7 +317,11 @@ def summary_rows(groups: dict[str, list[Run]], metric: str, baseline: str | None
 
 def summary_table(groups: dict[str, list[Run]], metric: str, baseline: str | None) -> str:
     """summary_rows as a Markdown table."""
-    rows = summary_rows(groups, metric, baseline)
+    return rows_table(summary_rows(groups, metric, baseline), metric, baseline)
+
+
+def rows_table(rows: list[dict], metric: str, baseline: str | None) -> str:
+    """The Markdown table of summary_rows' rows."""
     schemes = sorted({scheme for row in rows for scheme in row["quant_deltas"]})
     lines = [
         f"| group | runs | seeds | final {metric} | Δ vs {baseline} [95% CI] | p | reading | compared by | "
@@ -348,6 +352,7 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     grouping = f"`{group_by}`" if group_by != SWEPT else "`variant`" + (f" and {swept}" if swept else "")
     if baseline is None:
         baseline = default_baseline(groups)
+    rows = summary_rows(groups, metric, baseline)  # the table's and summary.json's, computed once
     out.mkdir(parents=True, exist_ok=True)
     plot_losses(groups, out / "loss.png")
     plot_throughput(groups, out / "throughput.png")
@@ -361,7 +366,7 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
         for r in runs
     )
     summary = (
-        f"# Run comparison, grouped by {grouping}\n\n{summary_table(groups, metric, baseline)}\n\n"
+        f"# Run comparison, grouped by {grouping}\n\n{rows_table(rows, metric, baseline)}\n\n"
         f"{SUMMARY_NOTE} "
         "Throughput, MFU and time in norms are medians over logged steps, averaged over runs. "
         "Δ loss <scheme>: the quantized minus the float loss that eval.py quant=[...] wrote in each run's "
@@ -373,7 +378,7 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
         "metric": metric,
         "grouped_by": group_by,
         "baseline": baseline,
-        "groups": summary_rows(groups, metric, baseline),
+        "groups": rows,
     }
     (out / "summary.json").write_text(json.dumps(data, indent=1))
     return out / "summary.md"

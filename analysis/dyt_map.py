@@ -25,15 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from analysis.format import interval, number
-from analysis.keys import fields, metric_key
+from analysis.keys import fields
 from analysis.plots import pyplot, save
+from analysis.results import VAL_LOSS
 from analysis.runs import Run, RunsError, load_runs
 from analysis.stats import paired_comparison, t_interval
-from analysis.study import TRAINED_MARGIN
+from analysis.study import SATURATED, TRAINED_MARGIN
 from training.checkpoint import list_checkpoints, load_checkpoint
 
-VAL_LOSS = metric_key("val/loss")
-SATURATED = metric_key("act/{norm}/saturated")
 COMMAND = "python train.py -m +experiment=dyt_map"
 
 
@@ -273,9 +272,7 @@ def findings(summary: dict) -> list[str]:
             f"{Setting(**{k: best[k] for k in Setting.__dataclass_fields__}).schedule}, at {best['map_loss']:.3f}; "
             f"{confirmed}."
         )
-        for model in sorted(
-            {s["model"] for s in mine}, key=lambda m: next(s["params"] for s in mine if s["model"] == m)
-        ):
+        for model in sorted({s["model"] for s in mine}, key=lambda m: _params(mine, m)):
             alphas = sorted({number(s["alpha"], "g") for s in mine if s["model"] == model and s["trained"]})
             lines.append(
                 f"{norm} at {model}: trains at alpha {', '.join(alphas)} (in some setting)"
