@@ -82,6 +82,12 @@ def first_step_at(curve: list[tuple[int, float]], target: float) -> float:
     raise ValueError(f"the curve never reaches {target}")
 
 
+def final_stream_growth(r: Result) -> float | None:
+    """The stream's RMS after the last block over its RMS after the first, at the end of training."""
+    rms = r.run.by_layer(STREAM_RMS)
+    return rms[-1] / rms[0] if rms else None
+
+
 def over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]:
     """(step, ``reduce`` over layers of ``template``) for every row that logged layer 0."""
     return [(row["step"], reduce(values)) for row in run.rows if (values := layer_values(row, template))]
@@ -212,12 +218,12 @@ class Study:
 
     def stream_growth(self, variant: str, seeds) -> float | None:
         """Last-block over first-block stream RMS at the end of training, at the baseline's best rate."""
+        return self._mean_at(variant, self.summaries[self.baseline].best_lr, seeds, final_stream_growth)
 
-        def growth(r: Result) -> float | None:
-            rms = r.run.by_layer(STREAM_RMS)
-            return rms[-1] / rms[0] if rms else None
-
-        return self._mean_at(variant, self.summaries[self.baseline].best_lr, seeds, growth)
+    def stream_growth_at_best(self, variant: str, seeds) -> float | None:
+        """Last-block over first-block stream RMS at the end of training, at the variant's own best rate: each
+        arm as it trains best, where the baseline's rate can leave another placement under-trained."""
+        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, final_stream_growth)
 
     def steps_to_common_loss(self, variant: str, against: str, seeds) -> tuple[float, float] | None:
         """Each arm's share of its steps, at its own best rate, to first reach the validation loss that both
@@ -279,6 +285,7 @@ STATISTICS: dict[str, Statistic] = {
     "lr_sensitivity": Statistic(Study.lr_sensitivity, "selection", "over the common grid"),
     "best_loss": Statistic(Study.best_loss, "report", "at each arm's own best rate, held-out windows"),
     "stream_growth": Statistic(Study.stream_growth, "selection", "at the baseline's best rate"),
+    "stream_growth_at_best": Statistic(Study.stream_growth_at_best, "report", "at each arm's own best rate"),
     "max_attn_logit": Statistic(Study.max_attn_logit, "selection", "at the highest rate the baseline trained"),
     "steps_to_common_loss": Statistic(
         Study.steps_to_common_loss,

@@ -172,3 +172,38 @@ def test_a_claim_that_an_arm_fails_to_train_reads_its_loss_instead_of_leaving_it
     assert evaluate_claim(Claim("x", "t", **swapped, may_not_train="against"), study)["verdict"] == "agrees"
     with pytest.raises(ValueError, match="may_not_train"):
         Claim("x", "t", **swapped, may_not_train="both")
+
+
+def test_stream_growth_at_best_reads_each_arm_at_its_own_best_rate_on_the_report_seeds(tmp_path):
+    """Peri-norm's best rate (0.1) is not the baseline's (0.01). At its own rate its stream stays flat
+    (growth 1 + 0.01 seed), where pre-norm's grows (3 + 0.1 seed); at the baseline's rate, under-trained,
+    peri-norm's grows more (5). The two statistics read different runs, so they can disagree."""
+    peri = {**PRE, "norm.placement": "peri"}
+    grid = {"rmsnorm": GRID["rmsnorm"], "rmsnorm-peri": {0.001: 5.0, 0.01: 4.5, 0.1: 4.2, 1.0: 4.8}}
+    write_study(tmp_path, {"rmsnorm": grid["rmsnorm"]}, report=(3, 4, 5))
+    for seed in (0, 1, 2):
+        for lr, loss in grid["rmsnorm-peri"].items():
+            write_run(tmp_path, "rmsnorm-peri", lr, loss, seed=seed)
+    for seed in (3, 4, 5):
+        write_run(tmp_path, "rmsnorm-peri", 0.1, 4.2, seed=seed)
+
+    def growth(variant, lr, seed):
+        if variant == "rmsnorm":
+            return 3 + 0.1 * seed
+        return 1 + 0.01 * seed if lr == 0.1 else 5.0
+
+    for run in tmp_path.iterdir():
+        if (run / "config.yaml").exists():
+            config = yaml.safe_load((run / "config.yaml").read_text())
+            rms = {"act/layers.0/stream_rms": 1.0, "act/layers.1/stream_rms": growth(
+                config["variant"], config["train"]["lr"], config["seed"])}  # fmt: skip
+            rows = (run / "metrics.jsonl").read_text()
+            (run / "metrics.jsonl").write_text(rows + json.dumps({"step": 20, **rms}) + "\n")
+    study = Study(load_results([str(tmp_path)], "val/loss")[0], "rmsnorm")
+    assert study.summaries["rmsnorm-peri"].best_lr == 0.1 and study.summaries["rmsnorm"].best_lr == 0.01
+
+    at_best = evaluate_claim(Claim("flat", "t", "stream_growth_at_best", peri, PRE, "lower"), study)
+    assert at_best["seeds"] == [3, 4, 5] and at_best["verdict"] == "agrees"
+    assert at_best["value_arm"] == pytest.approx(1.04) and at_best["value_against"] == pytest.approx(3.4)
+    at_baseline_rate = evaluate_claim(Claim("flat", "t", "stream_growth", peri, PRE, "lower"), study)
+    assert at_baseline_rate["seeds"] == [0, 1, 2] and at_baseline_rate["verdict"] == "disagrees"
