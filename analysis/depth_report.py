@@ -128,8 +128,11 @@ def plot_layer_importance(rows: list[dict], path: Path) -> None:
             ax.set_title(f"{row['n_layers']} layers")
             ax.set_xlabel("block")
             ax.set_ylabel(label)
+            ax.xaxis.get_major_locator().set_params(integer=True)
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    # the legend goes on the panel that plots the most variants (a panel without values has none to show)
+    fullest = max(axes.flat, key=lambda ax: len(ax.get_legend_handles_labels()[1]))
+    fullest.legend(fontsize=7)
     save(fig, path)
 
 
