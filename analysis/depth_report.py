@@ -24,7 +24,7 @@ from analysis.plots import error_bars, pyplot, save
 from analysis.results import Result, by_model, load_results, planned_grid
 from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import t_interval
-from analysis.study import ANGULAR_DISTANCE, STATISTICS, Study, per_seed, skip_deltas
+from analysis.study import ANGULAR_DISTANCE, STATISTICS, STREAM_RMS, Study, per_seed, skip_deltas
 
 BEST_LOSS = STATISTICS["best_loss"]
 
@@ -38,7 +38,8 @@ def _layer_means(per_run: list[list[float]]) -> list[float] | None:
 
 def variant_entry(study: Study, variant: str) -> dict:
     """One variant at one depth: its rates and best rate, whether it trained, its held-out best loss over the
-    report seeds with Student's t interval, and its blocks' importance at that rate (report seeds' mean)."""
+    report seeds with Student's t interval, and its blocks' importance and stream RMS at that rate (report
+    seeds' mean)."""
     summary = study.summaries[variant]
     losses = per_seed(study, BEST_LOSS, variant, summary.report_seeds)
     at_best = [study.cells[(variant, summary.best_lr, s)] for s in summary.report_seeds]
@@ -58,6 +59,9 @@ def variant_entry(study: Study, variant: str) -> dict:
             "skip_delta": _layer_means([d for r in at_best if (d := skip_deltas(r.run))]),
             "angular_distance": _layer_means([a for r in at_best if (a := r.run.by_layer(ANGULAR_DISTANCE))]),
         },
+        # the residual stream's RMS after each block at the end of training (report seeds' mean): the scale
+        # itself, where the stream_growth statistics give the last block's over the first's
+        "stream_rms": _layer_means([rms for r in at_best if (rms := r.run.by_layer(STREAM_RMS))]),
     }
 
 

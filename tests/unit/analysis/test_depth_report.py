@@ -63,6 +63,9 @@ def test_each_depth_is_a_study_of_its_own_with_the_report_seeds_layer_importance
     assert importance["skip_delta"] == pytest.approx([1.0 - 0.9 * i / 7 for i in range(8)])
     assert importance["angular_distance"][-1] == pytest.approx(0.1 + 0.04)  # seeds 3-5 add 0.03-0.05
     assert len(rows[0]["variants"]["rmsnorm-peri"]["layer_importance"]["angular_distance"]) == 4
+    # the stream's RMS after each block, as synthetic_studies.write_run logs it: 2, 4, 6 pre-norm, 1.1 peri-norm
+    assert pre["stream_rms"] == pytest.approx([2.0, 4.0, 6.0])
+    assert rows[0]["variants"]["rmsnorm-peri"]["stream_rms"] == pytest.approx([1.1] * 3)
 
 
 def test_the_claims_are_evaluated_at_every_depth_by_the_one_rule(tmp_path):
