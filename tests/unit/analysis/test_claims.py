@@ -128,24 +128,26 @@ def test_the_first_step_at_a_loss_is_interpolated_between_evaluations():
         first_step_at(curve, 3.0)
 
 
-def _with_angles(root, angles_of) -> None:
-    """Append to each synthetic run a last stats row with its blocks' angular distances, ``angles_of(variant, seed)``."""
+def _with_blocks(root, template: str, values_of) -> None:
+    """Append to each synthetic run a last stats row with ``template`` (``act/layers.{i}/...``) for each block,
+    the values ``values_of(config)`` gives for the run's config."""
     for run in root.iterdir():
         if (run / "config.yaml").exists():
             config = yaml.safe_load((run / "config.yaml").read_text())
             rows = (run / "metrics.jsonl").read_text()
-            angles = {
-                f"act/layers.{i}/angular_distance": a
-                for i, a in enumerate(angles_of(config["variant"], config["seed"]))
-            }
-            (run / "metrics.jsonl").write_text(rows + json.dumps({"step": 20, **angles}) + "\n")
+            blocks = {template.format(i=i): value for i, value in enumerate(values_of(config))}
+            (run / "metrics.jsonl").write_text(rows + json.dumps({"step": 20, **blocks}) + "\n")
 
 
 def test_a_one_arm_claim_tests_its_statistic_against_zero(tmp_path):
     """The deeper half minus the first half of three blocks is the last block minus the first (the middle one
     is in neither): 0.1 - 0.3 - 0.01 * seed for pre-norm; 0 (flat) under QK-norm."""
     write_study(tmp_path, GRID, report=(3, 4, 5))
-    _with_angles(tmp_path, lambda v, seed: [0.3, 0.2, 0.1 - 0.01 * seed] if v == "rmsnorm" else [0.2, 0.2, 0.2])
+    _with_blocks(
+        tmp_path,
+        "act/layers.{i}/angular_distance",
+        lambda c: [0.3, 0.2, 0.1 - 0.01 * c["seed"]] if c["variant"] == "rmsnorm" else [0.2, 0.2, 0.2],
+    )
     study = Study(load_results([str(tmp_path)], "val/loss")[0], "rmsnorm")
     deeper_less = Claim("deeper half turns less", "t", "deep_half_angular_distance", PRE, None, "lower")
     result = evaluate_claim(deeper_less, study)
@@ -187,18 +189,13 @@ def test_stream_growth_at_best_reads_each_arm_at_its_own_best_rate_on_the_report
     for seed in (3, 4, 5):
         write_run(tmp_path, "rmsnorm-peri", 0.1, 4.2, seed=seed)
 
-    def growth(variant, lr, seed):
-        if variant == "rmsnorm":
+    def growth(config):
+        seed = config["seed"]
+        if config["variant"] == "rmsnorm":
             return 3 + 0.1 * seed
-        return 1 + 0.01 * seed if lr == 0.1 else 5.0
+        return 1 + 0.01 * seed if config["train"]["lr"] == 0.1 else 5.0
 
-    for run in tmp_path.iterdir():
-        if (run / "config.yaml").exists():
-            config = yaml.safe_load((run / "config.yaml").read_text())
-            rms = {"act/layers.0/stream_rms": 1.0, "act/layers.1/stream_rms": growth(
-                config["variant"], config["train"]["lr"], config["seed"])}  # fmt: skip
-            rows = (run / "metrics.jsonl").read_text()
-            (run / "metrics.jsonl").write_text(rows + json.dumps({"step": 20, **rms}) + "\n")
+    _with_blocks(tmp_path, "act/layers.{i}/stream_rms", lambda c: [1.0, growth(c)])
     study = Study(load_results([str(tmp_path)], "val/loss")[0], "rmsnorm")
     assert study.summaries["rmsnorm-peri"].best_lr == 0.1 and study.summaries["rmsnorm"].best_lr == 0.01
 
