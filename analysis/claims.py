@@ -11,21 +11,22 @@ applies:
       statistic: lr_sensitivity        # one of analysis.study.STATISTICS
       arm: {norm.qk: rmsnorm}          # the variant whose runs have these config values
       against: {norm.qk: null}
-      expect: lower                    # lower | higher | similar (within `margin`, by equivalence test)
-      may_not_train: null              # arm | against: the side a claim says fails to train
+      expect: lower                    # lower | higher | not_worse | similar (not_worse, similar: within `margin`)
       fixed_by: []                     # configs in which the statistic is bounded by construction
       regime: {}                       # the paper's regime, e.g. {model.n_layers: {min: 12}}
 
 The rule, the same for every claim and decided by the engine, never by hand:
 
-1. **not tested** when an arm is not in the runs; did not train (unless the claim is that it fails to:
-   ``may_not_train`` names that side, and the other must train); has its best rate at an edge of the
-   rates it ran; is a configuration in ``fixed_by`` (the statistic is fixed by construction there, so
+1. **not tested** when an arm is not in the runs; did not train (a statistic against an arm that never
+   trained is fixed by construction, a claim that an arm fails to train included); has its best rate at
+   an edge of the rates it ran; is a configuration in ``fixed_by`` (the statistic is fixed by construction there, so
    a difference is no finding); or lies outside the paper's ``regime`` (compared with its own config).
    The reason says which, with the numbers.
 2. Otherwise the per-seed paired differences (arm minus against, on the seeds both arms have in the
    role the statistic needs; the arm's own values for a one-arm claim) go through ``analysis.stats.paired_comparison``: **agrees**,
    **disagrees** or **inconclusive**, with the 95% interval and the p-value of the same test.
+3. A study's tested claims are one family (``with_holm``): Holm's adjusted p sits beside p, and a claim
+   agrees or disagrees only where the adjusted p is below 0.05 as well.
 """
 
 from dataclasses import dataclass, field
@@ -33,13 +34,13 @@ from typing import Any, Dict, List, Optional  # noqa: UP035  # OmegaConf reads t
 
 from analysis.results import Result, read_plan
 from analysis.runs import RunsError
-from analysis.stats import paired_comparison
+from analysis.stats import EXPECTATIONS, holm, paired_comparison
 from analysis.study import STATISTICS, Study, matches, seeds_for
 from training.run_record import flatten
 
 # ruff: noqa: UP006, UP045
 
-EXPECTATIONS = ("lower", "higher", "similar")
+FAMILY_ALPHA = 0.05
 
 
 @dataclass
@@ -52,27 +53,25 @@ class Claim:
     arm: Dict[str, Any] = field(default_factory=dict)  # config fields (dotted) that pick the arm's variant
     # and the variant it is compared with; None: the arm's statistic against 0 (a statistic that is a difference)
     against: Optional[Dict[str, Any]] = field(default_factory=dict)
-    expect: str = "lower"  # lower | higher | similar: the arm's statistic against the other's
-    margin: float = 0.0  # for expect: similar, the largest difference that still counts as similar
+    expect: str = "lower"  # lower | higher | not_worse | similar: the arm's statistic against the other's
+    # for not_worse, how much higher the arm's statistic may be and still count as no worse; for similar,
+    # the largest difference either way that still counts as similar
+    margin: float = 0.0
     # Configurations (config fields, as arm and against) in which the statistic is bounded by
     # construction: an arm that is one of them cannot test the claim.
     fixed_by: List[Dict[str, Any]] = field(default_factory=list)
     # The paper's regime: {dotted config key: {min: x} and/or {max: y}}, checked on both arms' configs.
     regime: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    # "arm" or "against" for a claim that that side fails to train (post-norm at depth): there its failing is the
-    # finding, read from its loss, not a reason to leave the claim untested. The other side must still train.
-    may_not_train: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.expect not in EXPECTATIONS:
             raise ValueError(
                 f"claim {self.claim!r}: expect must be one of {', '.join(EXPECTATIONS)}, got {self.expect!r}"
             )
-        if self.may_not_train not in (None, "arm", "against"):
-            raise ValueError(f"claim {self.claim!r}: may_not_train is arm, against or null, got {self.may_not_train!r}")
-        if self.expect == "similar" and not self.margin > 0:
+        if self.expect in ("similar", "not_worse") and not self.margin > 0:
             raise ValueError(
-                f"claim {self.claim!r}: expect: similar needs a margin > 0 (the largest similar difference)"
+                f"claim {self.claim!r}: expect: {self.expect} needs a margin > 0 (the largest difference that still "
+                "counts), e.g. margin: 0.05"
             )
 
 
@@ -95,8 +94,7 @@ def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str
     if missing:
         return f"no variant in these runs has {' or '.join(missing)}"
     variants = [v for _, v in sides]
-    must_train = [v for side, v in zip(("arm", "against"), variants) if side != claim.may_not_train]
-    untrained = sorted(set(must_train) & study.untrained)
+    untrained = sorted(set(variants) & study.untrained)
     if untrained:
         return f"{', '.join(untrained)} did not train at any rate here"
     at_edge = sorted(v for v in set(variants) if not study.best_inside(v))
@@ -166,6 +164,22 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     if comparison.ci95 is None:
         result["reason"] = "one seed: no interval"
     return result
+
+
+def with_holm(evaluated: list[dict]) -> list[dict]:
+    """A study's evaluated claims as one family: ``p_holm`` (Holm's adjusted p over every claim that has a
+    p) beside ``p``, and a verdict of agrees or disagrees kept only where ``p_holm`` < 0.05 too; a verdict
+    that does not survive reads inconclusive, and ``reason`` says so with both p-values."""
+    tested = [c for c in evaluated if c.get("p") is not None]
+    for claim, adjusted in zip(tested, holm([c["p"] for c in tested])):
+        claim["p_holm"] = adjusted
+        if claim["verdict"] in ("agrees", "disagrees") and not adjusted < FAMILY_ALPHA:
+            claim["reason"] = (
+                f"{claim['verdict']} at p = {claim['p']:.3g}, but not after Holm's correction over the study's "
+                f"{len(tested)} tested claims (p_holm = {adjusted:.3g})"
+            )
+            claim["verdict"] = "inconclusive"
+    return evaluated
 
 
 def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Claim]:

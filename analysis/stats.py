@@ -99,6 +99,9 @@ def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
     return float(low), float(high)
 
 
+EXPECTATIONS = ("lower", "higher", "not_worse", "similar")
+
+
 @dataclass(frozen=True)
 class Comparison:
     """What per-seed paired differences (arm minus against) say about an expected direction."""
@@ -106,51 +109,90 @@ class Comparison:
     verdict: str  # agrees | disagrees | inconclusive
     difference: float | None  # the mean paired difference
     ci95: tuple[float, float] | None  # Student's t interval of the mean difference (None below two seeds)
-    p: float | None  # lower/higher: the two-sided paired t-test; similar: the larger of the two one-sided tests
+    p: float | None  # the p-value of the test the verdict reads (paired_comparison says which)
     seeds: int
+
+
+def _two_sided_p(d: np.ndarray, against: float) -> float:
+    """The paired t-test's two-sided p of mean(d) = ``against``."""
+    return float(stats.ttest_1samp(d, against).pvalue)
 
 
 def paired_comparison(differences: Sequence[float], expect: str, margin: float = 0.0) -> Comparison:
     """The one verdict engine: per-seed paired differences -> verdict, 95% interval and p-value, which agree.
 
-    ``expect="lower"`` (``"higher"``): agrees when the 95% Student's t interval of the mean difference lies
-    below (above) zero, which is exactly a two-sided paired t-test at p < 0.05; disagrees when it lies on
-    the other side. ``expect="similar"``: two one-sided tests against ``margin`` (TOST): agrees when both
-    reject at 0.05 (the 90% interval lies inside ±margin); disagrees when the 95% interval lies outside it.
+    Every verdict is read from Student's t 95% interval of the mean difference, and ``p`` is the p-value
+    of the test that interval inverts, so a verdict other than inconclusive is exactly ``p < 0.05``:
+
+    - ``lower`` (``higher``): agrees when the interval lies below (above) 0, disagrees when on the other
+      side; ``p`` is the two-sided paired t-test against 0.
+    - ``not_worse`` (non-inferiority: the arm is at most ``margin`` worse, "worse" being higher): agrees
+      when the interval's upper end lies below ``margin``, which is the one-sided test at 2.5% (ICH E9's
+      convention for a non-inferiority claim), disagrees when its lower end lies above it (worse by more
+      than the margin); ``p`` is the two-sided test against ``margin``.
+    - ``similar`` (equivalence within ±``margin``): agrees when the interval lies inside ±margin, two
+      one-sided tests at 2.5% each (``p`` is twice the larger one-sided p, capped at 1); disagrees when it
+      lies beyond one margin (``p``: the two-sided test against the margin on the mean's side).
+
     Student's t keeps its coverage at 3 to 8 seeds, where a bootstrap's does not (tests/unit/analysis/
-    test_stats.py simulates both).
+    test_stats.py simulates both, and each expectation's false-verdict rate).
     """
-    if expect not in ("lower", "higher", "similar"):
-        raise ValueError(f"expect must be lower, higher or similar, got {expect!r}")
-    if expect == "similar" and not margin > 0:
+    if expect not in EXPECTATIONS:
+        raise ValueError(f"expect must be one of {', '.join(EXPECTATIONS)}, got {expect!r}")
+    if expect in ("similar", "not_worse") and not margin > 0:
         raise ValueError(
-            f"expect: similar needs a margin > 0 (the largest difference that counts as similar), got {margin}"
+            f"expect: {expect} needs a margin > 0 (the largest difference that still counts as no worse), got {margin}"
         )
     d = np.asarray(differences, dtype=float)
     if d.size < 2:
         return Comparison("inconclusive", float(d.mean()) if d.size else None, None, None, int(d.size))
     mean = float(d.mean())
-    if _no_spread(d):  # the t statistic is infinite (or undefined at zero)
-        ci, p_two = (mean, mean), (1.0 if mean == 0 else 0.0)
-        p_tost = 0.0 if abs(mean) < margin else 1.0
+    spread = not _no_spread(d)  # without spread the t statistic is infinite (or undefined at its point)
+    if spread:
+        low, high = (float(x) for x in stats.ttest_1samp(d, 0.0).confidence_interval(0.95))
     else:
-        test = stats.ttest_1samp(d, 0.0)
-        low, high = test.confidence_interval(0.95)
-        ci, p_two = (float(low), float(high)), float(test.pvalue)
-        if expect == "similar":
-            p_tost = max(
-                float(stats.ttest_1samp(d, -margin, alternative="greater").pvalue),
-                float(stats.ttest_1samp(d, margin, alternative="less").pvalue),
-            )
-    if expect == "similar":
-        agrees, disagrees = p_tost < 0.05, ci[0] > margin or ci[1] < -margin
-        p = p_tost
-    else:
-        below, above = ci[1] < 0, ci[0] > 0
+        low = high = mean
+
+    def p_against(point: float) -> float:
+        return _two_sided_p(d, point) if spread else float(mean == point)
+
+    if expect in ("lower", "higher"):
+        p = p_against(0.0)
+        below, above = high < 0, low > 0
         agrees, disagrees = (below, above) if expect == "lower" else (above, below)
-        p = p_two
+    elif expect == "not_worse":
+        p = p_against(margin)
+        agrees, disagrees = high < margin, low > margin
+    else:
+        agrees, disagrees = -margin < low and high < margin, low > margin or high < -margin
+        if abs(mean) < margin:  # the equivalence test: both one-sided tests must reject
+            one_sided = (
+                max(
+                    float(stats.ttest_1samp(d, -margin, alternative="greater").pvalue),
+                    float(stats.ttest_1samp(d, margin, alternative="less").pvalue),
+                )
+                if spread
+                else 0.0
+            )
+            p = min(1.0, 2 * one_sided)
+        else:
+            p = p_against(margin if mean > 0 else -margin)
     verdict = "agrees" if agrees else "disagrees" if disagrees else "inconclusive"
-    return Comparison(verdict, mean, ci, p, int(d.size))
+    return Comparison(verdict, mean, (low, high), p, int(d.size))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given: the k-th smallest p times
+    (m - k + 1), made non-decreasing and capped at 1. Rejecting where the adjusted p < 0.05 keeps the
+    chance of any false rejection in the family at 5%, whatever the tests' dependence. scipy.stats has
+    Benjamini-Hochberg (false_discovery_control) but not Holm."""
+    m = len(p_values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def unpaired_comparison(a: Sequence[float], b: Sequence[float]) -> Comparison | None:

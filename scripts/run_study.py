@@ -112,7 +112,7 @@ def commands(jobs: dict[str | None, list[Job]]) -> list[list[str]]:
             ([f"model={model}"] if model else [])
             + [
                 f"+variant={','.join(variants)}",
-                f"train.lr={','.join(f'{lr:g}' for lr in rates)}",
+                f"train.lr={','.join(repr(lr) for lr in rates)}",
                 f"seed={','.join(map(str, seeds))}",
             ]
             for (rates, seeds), variants in grouped.items()

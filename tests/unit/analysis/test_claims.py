@@ -6,7 +6,7 @@ import pytest
 import yaml
 from synthetic_studies import CLAIMS, PRE, QK, write_run, write_study
 
-from analysis.claims import Claim, claims_of, evaluate_claim, outside_regime
+from analysis.claims import Claim, claims_of, evaluate_claim, outside_regime, with_holm
 from analysis.results import load_results
 from analysis.runs import RunsError
 from analysis.study import Study, first_step_at
@@ -160,20 +160,38 @@ def test_a_one_arm_claim_tests_its_statistic_against_zero(tmp_path):
     assert raised["difference"] == pytest.approx(0.24) and raised["verdict"] == "agrees"
 
 
-def test_a_claim_that_an_arm_fails_to_train_reads_its_loss_instead_of_leaving_it_untested(tmp_path):
+def test_a_claim_that_an_arm_fails_to_train_is_not_tested_whichever_side_fails(tmp_path):
+    """A loss gap against an arm that never trained is fixed by construction: no claim reads it, not even
+    one that says the arm fails (post-norm at depth)."""
     grid = {**GRID, "rmsnorm-post": {0.001: 5.0, 0.01: 4.9, 0.1: 5.2}}  # 0.9 above the baseline's best: untrained
     study = _study(tmp_path, grid, report=(3, 4, 5))
     assert "rmsnorm-post" in study.untrained
-    fails = dict(statistic="best_loss", arm={"norm.placement": "post"}, against=PRE, expect="higher")
-    assert evaluate_claim(Claim("post fails", "t", **fails), study)["verdict"] == "not tested"
-    result = evaluate_claim(Claim("post fails", "t", **fails, may_not_train="arm"), study)
-    assert result["difference"] == pytest.approx(0.9) and result["verdict"] == "agrees"
-    # The other side must still train: pre-norm may not fail in a claim that post-norm does.
-    swapped = dict(statistic="best_loss", arm=PRE, against={"norm.placement": "post"}, expect="lower")
-    assert evaluate_claim(Claim("x", "t", **swapped, may_not_train="arm"), study)["verdict"] == "not tested"
-    assert evaluate_claim(Claim("x", "t", **swapped, may_not_train="against"), study)["verdict"] == "agrees"
-    with pytest.raises(ValueError, match="may_not_train"):
-        Claim("x", "t", **swapped, may_not_train="both")
+    fails = evaluate_claim(Claim("post fails", "t", "best_loss", {"norm.placement": "post"}, PRE, "higher"), study)
+    assert fails["verdict"] == "not tested" and "rmsnorm-post did not train" in fails["reason"]
+    swapped = evaluate_claim(Claim("x", "t", "best_loss", PRE, {"norm.placement": "post"}, "lower"), study)
+    assert swapped["verdict"] == "not tested" and "p" not in swapped
+
+
+def test_a_studys_claims_are_one_family_under_holms_correction():
+    claims = [
+        {"verdict": "agrees", "p": 0.01},
+        {"verdict": "disagrees", "p": 0.02},
+        {"verdict": "agrees", "p": 0.04},
+        {"verdict": "not tested", "reason": "an arm did not train"},
+    ]
+    with_holm(claims)
+    # three tested: 0.01 * 3 = 0.03 holds; 0.02 * 2 = 0.04 holds; 0.04 * 1 -> max(0.04, 0.04) = 0.04 holds
+    assert [c.get("p_holm") for c in claims] == pytest.approx([0.03, 0.04, 0.04, None])
+    assert [c["verdict"] for c in claims] == ["agrees", "disagrees", "agrees", "not tested"]
+    weaker = with_holm([{"verdict": "agrees", "p": 0.03}, {"verdict": "agrees", "p": 0.04}, {"verdict": "x", "p": 0.5}])
+    # 0.03 * 3 = 0.09: no longer below 0.05, so neither holds
+    assert [c["verdict"] for c in weaker] == ["inconclusive", "inconclusive", "x"]
+    assert "p_holm = 0.09" in weaker[0]["reason"]
+
+
+def test_not_worse_claims_need_a_margin():
+    with pytest.raises(ValueError, match="not_worse needs a margin"):
+        Claim("x", "t", "best_loss", PRE, PRE, "not_worse")
 
 
 def test_stream_growth_at_best_reads_each_arm_at_its_own_best_rate_on_the_report_seeds(tmp_path):

@@ -9,6 +9,7 @@ from scipy import stats
 
 from analysis.stats import (
     bootstrap_ci,
+    holm,
     paired_comparison,
     paired_p_value,
     rank_correlation,
@@ -94,7 +95,41 @@ def test_similar_agrees_rarely_at_the_margin_and_often_inside_it(seeds):
     assert np.mean([r.verdict == "agrees" for r in at_margin]) <= 0.05 + SLACK
     inside = [paired_comparison(rng.normal(0.0, 0.02, seeds), "similar", margin=0.1) for _ in range(500)]
     assert np.mean([r.verdict == "agrees" for r in inside]) > 0.9
-    assert all((r.verdict == "agrees") == (r.p < 0.05) for r in at_margin + inside)
+    assert all((r.verdict != "inconclusive") == (r.p < 0.05) for r in at_margin + inside)
+    far = [paired_comparison(rng.normal(0.3, 0.02, seeds), "similar", margin=0.1) for _ in range(100)]
+    assert all(r.verdict == "disagrees" and r.p < 0.05 for r in far)
+
+
+@pytest.mark.parametrize("seeds", [3, 5, 8])
+def test_not_worse_agrees_rarely_at_the_margin_and_often_when_better(seeds):
+    """Non-inferiority: at a true difference equal to the margin, 'agrees' is the false verdict (at most
+    2.5%, the one-sided level); a better arm agrees often; an arm clearly worse than the margin disagrees."""
+    rng = np.random.default_rng(20 + seeds)
+    at_margin = [paired_comparison(rng.normal(0.05, 0.03, seeds), "not_worse", margin=0.05) for _ in range(TRIALS)]
+    assert np.mean([r.verdict == "agrees" for r in at_margin]) <= 0.025 + SLACK
+    better = [paired_comparison(rng.normal(-0.02, 0.01, seeds), "not_worse", margin=0.05) for _ in range(500)]
+    assert np.mean([r.verdict == "agrees" for r in better]) > 0.9
+    worse = [paired_comparison(rng.normal(0.3, 0.01, seeds), "not_worse", margin=0.05) for _ in range(200)]
+    assert all(r.verdict == "disagrees" for r in worse)
+    assert all((r.verdict != "inconclusive") == (r.p < 0.05) for r in at_margin + better + worse)
+
+
+def test_not_worse_by_hand():
+    # Differences 0.01, 0.02, 0.03: mean 0.02, se 0.01/sqrt(3); the interval's upper end 0.02 + 4.3027 * 0.00577
+    # = 0.0448 lies below the margin 0.05 (agrees), not below 0.04; p is the t-test against the margin.
+    result = paired_comparison([0.01, 0.02, 0.03], "not_worse", margin=0.05)
+    assert result.ci95[1] == pytest.approx(0.02 + 4.3027 * 0.01 / 3**0.5, abs=1e-4) and result.verdict == "agrees"
+    assert result.p == pytest.approx(stats.ttest_1samp([0.01, 0.02, 0.03], 0.05).pvalue)
+    assert paired_comparison([0.01, 0.02, 0.03], "not_worse", margin=0.04).verdict == "inconclusive"
+    with pytest.raises(ValueError, match="needs a margin"):
+        paired_comparison([0.1, 0.2], "not_worse")
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.02, 0.04, 0.3 times 4, 3, 2, 1: 0.04, 0.06, 0.08, 0.3; step-down keeps them non-decreasing
+    assert holm([0.04, 0.01, 0.3, 0.02]) == pytest.approx([0.08, 0.04, 0.3, 0.06])
+    assert holm([0.5, 0.5]) == [1.0, 1.0] and holm([]) == []
+    assert holm([0.03, 0.02]) == pytest.approx([0.04, 0.04])  # 0.02 * 2 = 0.04; then max(0.04, 0.03 * 1)
 
 
 def test_a_percentile_bootstrap_over_three_seeds_does_not_cover():

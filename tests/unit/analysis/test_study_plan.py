@@ -5,7 +5,17 @@ from itertools import product
 import pytest
 from run_study import commands, split_axes
 
-from analysis.study_plan import Job, StudyPlan, best_rate, half_decade, next_jobs, planned_runs, report_seeds
+from analysis.study_plan import (
+    Job,
+    StudyPlan,
+    best_rate,
+    half_decade,
+    next_jobs,
+    next_rate,
+    on_grid,
+    planned_runs,
+    report_seeds,
+)
 
 RATES = [1e-3, 3e-3, 1e-2]
 # "base" is compared by a claim: 3 selection seeds; "other" 1; every variant then 2 report seeds.
@@ -65,6 +75,28 @@ def test_the_planned_count_is_every_grid_cell_plus_the_report_seeds():
     assert planned_runs(PLAN, ["base", "other"], RATES) == (3 * 3 + 2) + (3 * 1 + 2)
 
 
+def test_a_finer_grid_steps_by_powers_of_ten_to_the_k_over_n():
+    assert next_rate(1e-3, up=True, per_decade=5) == 10 ** (-14 / 5) == on_grid(1.58e-3, 5)
+    assert next_rate(1e-2, up=False, per_decade=4) == on_grid(5.62e-3, 4) == 10**-2.25
+    # a rate written to three digits and the rate stepped to from its neighbour are the same float
+    assert next_rate(on_grid(2.51e-3, 5), up=True, per_decade=5) == on_grid(3.98e-3, 5)
+    assert on_grid(3e-3, 2) == 3e-3  # the 1-3-10 grid keeps its rates
+    ratios = [next_rate(lr, True, 5) / lr for lr in (10 ** (k / 5) for k in range(-20, -5))]
+    assert max(ratios) < 10**0.25 and min(ratios) == pytest.approx(10**0.2)
+
+
+def test_a_variant_of_its_own_grid_runs_it_and_steps_past_its_edge_on_that_grid():
+    plan = StudyPlan(["a"], 1, 1, 1, rates_per_decade=5, rates={"a": [1e-2, 1.58e-2]})
+    own, swept = [1e-2, 10 ** (-9 / 5)], [1e-3, 1e-2]
+    assert next_jobs(plan, "a", swept, {}) == [Job("a", lr, 0) for lr in own]
+    assert next_jobs(plan, "b", swept, {}) == [Job("b", lr, 0) for lr in swept]  # the sweep's rates
+    best_at_top = {(own[0], 0): 5.0, (own[1], 0): 4.0}
+    assert next_jobs(plan, "a", swept, best_at_top) == [Job("a", 10 ** (-8 / 5), 0)]
+    assert planned_runs(plan, ["a", "b"], swept) == (2 + 1) + (2 + 1)
+    with pytest.raises(ValueError, match="not on the grid of 5"):
+        next_jobs(plan, "b", [3e-3], {})
+
+
 def test_commands_train_exactly_the_jobs():
     jobs = {
         None: [Job("a", 1e-3, 0), Job("a", 3e-3, 0), Job("b", 1e-3, 0), Job("b", 3e-3, 0)]
@@ -77,6 +109,9 @@ def test_commands_train_exactly_the_jobs():
         for variant, lr, seed in product(*(axes[k].split(",") for k in ("+variant", "train.lr", "seed"))):
             swept.add(Job(variant, float(lr), int(seed)))
     assert swept == set(jobs[None])
+    # every rate travels as its shortest exact form, so a run records the very float the plan stepped to
+    (command,) = commands({None: [Job("a", 10 ** (-14 / 5), 0)]})
+    assert float(command[1].split("=")[1]) == 10 ** (-14 / 5)
     assert commands({"study_d32": [Job("a", 1e-3, 0)]}) == [
         ["model=study_d32", "+variant=a", "train.lr=0.001", "seed=0"]
     ]
