@@ -22,7 +22,7 @@ import torch
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _check_input(x: torch.Tensor, eps: float = 1.0) -> int:
+def check_input(x: torch.Tensor, eps: float = 1.0) -> int:
     """Validate what every op shares and return D, the size of the normalized axis (eps: for ops that have one)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -38,7 +38,8 @@ def _check_input(x: torch.Tensor, eps: float = 1.0) -> int:
     return dim
 
 
-def _check_affine(param: torch.Tensor | None, name: str, x: torch.Tensor, dim: int) -> None:
+def check_affine(param: torch.Tensor | None, name: str, x: torch.Tensor, dim: int) -> None:
+    """A per-feature gain or bias (or None) that fits ``x``: shape (dim,), x's device, x's dtype or float32."""
     if param is None:
         return
     if param.shape != (dim,):
@@ -53,8 +54,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype in _HALF_DTYPES else x.dtype
 
 
-def _check_k(k: object, dim: int) -> int:
-    # bool is an int subclass; True would silently mean k=1.
+def check_k(k: object, dim: int) -> int:
+    """pRMSNorm's count of leading features, an int in [1, dim] (a bool, an int subclass, is refused: True is no 1)."""
     if isinstance(k, bool) or not isinstance(k, int):
         raise ValueError(f"k must be an int in [1, {dim}] (the number of leading features in the statistic), got {k!r}")
     if not 1 <= k <= dim:
@@ -103,9 +104,9 @@ def partial_rms_norm(
     output feature reach the prefix inputs. ``k == D`` is exactly :func:`rms_norm`.
     ``zero_centered=True`` applies the gain as ``1 + weight`` (Gemma's parametrization).
     """
-    dim = _check_input(x, eps)
-    k = _check_k(k, dim)
-    _check_affine(weight, "weight", x, dim)
+    dim = check_input(x, eps)
+    k = check_k(k, dim)
+    check_affine(weight, "weight", x, dim)
     xc = x.to(_compute_dtype(x))
     inv_rms = torch.rsqrt(xc[..., :k].pow(2).mean(dim=-1, keepdim=True) + eps)
     return _apply_gain(xc * inv_rms, weight, x.dtype, cast_before_weight, zero_centered)
@@ -124,7 +125,7 @@ def rms_norm(
     eps sits inside the square root, as in ``torch.nn.RMSNorm``; no mean is subtracted and
     there is no bias.
     """
-    dim = _check_input(x, eps)
+    dim = check_input(x, eps)
     return partial_rms_norm(x, weight, dim, eps, cast_before_weight=cast_before_weight, zero_centered=zero_centered)
 
 
@@ -133,7 +134,7 @@ def l2_norm(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
 
     The sum, not the mean: the output has L2 norm 1 (RMSNorm's has RMS 1, norm sqrt(D)). No gain.
     """
-    _check_input(x, eps)
+    check_input(x, eps)
     xc = x.to(_compute_dtype(x))
     return (xc * torch.rsqrt(xc.pow(2).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -147,9 +148,9 @@ def layer_norm(
     zero_centered: bool = False,
 ) -> torch.Tensor:
     """LayerNorm (Ba et al. 2016): subtract the mean, divide by the (biased) standard deviation."""
-    dim = _check_input(x, eps)
-    _check_affine(weight, "weight", x, dim)
-    _check_affine(bias, "bias", x, dim)
+    dim = check_input(x, eps)
+    check_affine(weight, "weight", x, dim)
+    check_affine(bias, "bias", x, dim)
     xc = x.to(_compute_dtype(x))
     centred = xc - xc.mean(dim=-1, keepdim=True)
     y = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps)
@@ -160,7 +161,8 @@ def layer_norm(
     return y.to(x.dtype)
 
 
-def _check_scalar(param: torch.Tensor, name: str, x: torch.Tensor) -> None:
+def check_scalar(param: torch.Tensor, name: str, x: torch.Tensor) -> None:
+    """A learned scalar (DyT's and Derf's alpha, Derf's shift): one element, on x's device."""
     if param.numel() != 1:
         raise ValueError(f"{name} must be a single learned scalar (shape (1,)), got shape {tuple(param.shape)}")
     if param.device != x.device:
@@ -186,10 +188,10 @@ def dyt(
     which is the S-shape that LayerNorm's input-output map takes in trained Transformers.
     Computed in float32 for half inputs and rounded once, like the norms above.
     """
-    dim = _check_input(x)
-    _check_scalar(alpha, "alpha", x)
-    _check_affine(weight, "weight", x, dim)
-    _check_affine(bias, "bias", x, dim)
+    dim = check_input(x)
+    check_scalar(alpha, "alpha", x)
+    check_affine(weight, "weight", x, dim)
+    check_affine(bias, "bias", x, dim)
     xc = x.to(_compute_dtype(x))
     return _pointwise_affine(torch.tanh(alpha.to(xc.dtype) * xc), weight, bias, x.dtype)
 
@@ -206,10 +208,10 @@ def derf(
     Like DyT with erf in place of tanh (a steeper, Gaussian-CDF-shaped squash) and a learned
     scalar shift inside it.
     """
-    dim = _check_input(x)
-    _check_scalar(alpha, "alpha", x)
-    _check_scalar(shift, "shift", x)
-    _check_affine(weight, "weight", x, dim)
-    _check_affine(bias, "bias", x, dim)
+    dim = check_input(x)
+    check_scalar(alpha, "alpha", x)
+    check_scalar(shift, "shift", x)
+    check_affine(weight, "weight", x, dim)
+    check_affine(bias, "bias", x, dim)
     xc = x.to(_compute_dtype(x))
     return _pointwise_affine(torch.erf(alpha.to(xc.dtype) * xc + shift.to(xc.dtype)), weight, bias, x.dtype)

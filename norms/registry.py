@@ -1,27 +1,57 @@
-"""The one place where a norm's config name becomes a module class.
+"""The one place where a name becomes code: a norm's config name its module class, a backend's name its module.
 
-Configs and checkpoints keep the name (a string, serializable); ``build_norm`` resolves it.
+Configs and checkpoints keep the name (a string, serializable); ``build_norm`` resolves it. Both
+tables hold import paths, so a class or a backend is imported when it is first asked for: importing
+``norms`` loads neither Triton nor a C kernel, and a run loads the backends of the norms it builds.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
-from norms.fused.module import FusedRMSNorm
-from norms.modules import Derf, DyT, Identity, L2Norm, LayerNorm, Norm, PartialRMSNorm, RMSNorm
+_NORMS = {
+    "layernorm": "norms.layernorm:LayerNorm",
+    "rmsnorm": "norms.rmsnorm:RMSNorm",
+    "prmsnorm": "norms.rmsnorm:PartialRMSNorm",
+    "fused_rmsnorm": "norms.fused.module:FusedRMSNorm",
+    "dyt": "norms.dynamic:DyT",
+    "derf": "norms.dynamic:Derf",
+    "identity": "norms.identity:Identity",
+    "l2norm": "norms.l2norm:L2Norm",
+}
 
-_NORMS: dict[str, type[Norm]] = {
-    "layernorm": LayerNorm,
-    "rmsnorm": RMSNorm,
-    "prmsnorm": PartialRMSNorm,
-    "fused_rmsnorm": FusedRMSNorm,
-    "dyt": DyT,
-    "derf": Derf,
-    "identity": Identity,
-    "l2norm": L2Norm,
+# Optional implementations a norm runs on: the C kernels on CPU, the Triton kernel on GPU.
+_BACKENDS = {
+    "cpu_rms_norm": "norms.cpu.rms_norm",
+    "cpu_pointwise": "norms.cpu.pointwise",
+    "triton_rms_norm": "norms.fused.ops",
 }
 
 NORM_NAMES: tuple[str, ...] = tuple(_NORMS)
+_loaded_backends: dict = {}
+
+
+def _resolve(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def norm_class(name: str) -> type:
+    """The module class registered as ``name`` (imported on first use)."""
+    try:
+        path = _NORMS[name]
+    except KeyError:
+        raise ValueError(f"unknown norm {name!r}; known norms: {', '.join(NORM_NAMES)}") from None
+    return _resolve(path)
+
+
+def backend(name: str):
+    """The backend module registered as ``name``, imported the first time a norm that runs on it asks."""
+    module = _loaded_backends.get(name)
+    if module is None:
+        module = _loaded_backends[name] = importlib.import_module(_BACKENDS[name])
+    return module
 
 
 def norm_options(name: str) -> tuple[str, ...]:
@@ -30,14 +60,7 @@ def norm_options(name: str) -> tuple[str, ...]:
     return tuple(p for p in params if p not in ("self", "dim"))
 
 
-def norm_class(name: str) -> type[Norm]:
-    try:
-        return _NORMS[name]
-    except KeyError:
-        raise ValueError(f"unknown norm {name!r}; known norms: {', '.join(NORM_NAMES)}") from None
-
-
-def build_norm(name: str, dim: int, **options) -> Norm:
+def build_norm(name: str, dim: int, **options):
     """Build the norm called ``name`` over ``dim`` features, e.g. ``build_norm("prmsnorm", 512, p=0.0625)``."""
     cls = norm_class(name)
     unknown = sorted(set(options) - set(norm_options(name)))

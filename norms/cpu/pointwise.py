@@ -14,7 +14,7 @@ import torch
 
 from norms.cpu.build import load_library
 from norms.cpu.rms_norm import pointer
-from norms.functional import _check_affine, _check_input, _check_scalar
+from norms.functional import check_affine, check_input, check_scalar
 
 
 @functools.cache
@@ -113,11 +113,11 @@ def cpu_pointwise(
     shift: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """DyT (``shift`` None) or Derf through the C kernel; the numerics of ``norms.dyt`` / ``norms.derf``."""
-    dim = _check_input(x)
-    _check_scalar(alpha, "alpha", x)
-    _check_affine(weight, "weight", x, dim)
-    _check_affine(bias, "bias", x, dim)
+    dim = check_input(x)
+    check_scalar(alpha, "alpha", x)
+    check_affine(weight, "weight", x, dim)
+    check_affine(bias, "bias", x, dim)
     if shift is None:
         return _fwd(x, alpha, alpha.new_zeros(1), weight, bias, False)
-    _check_scalar(shift, "shift", x)
+    check_scalar(shift, "shift", x)
     return _fwd(x, alpha, shift, weight, bias, True)

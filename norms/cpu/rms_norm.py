@@ -13,7 +13,7 @@ import math
 import torch
 
 from norms.cpu.build import load_library
-from norms.functional import _check_affine, _check_input, _check_k, gain_mode
+from norms.functional import check_affine, check_input, check_k, gain_mode
 
 
 @functools.cache
@@ -138,7 +138,7 @@ def cpu_rms_norm(
     zero_centered: bool = False,
 ) -> torch.Tensor:
     """RMSNorm (pRMSNorm when ``k`` < D) through the C kernel; the numerics of ``norms.partial_rms_norm``."""
-    dim = _check_input(x, eps)
-    _check_affine(weight, "weight", x, dim)
-    k = dim if k is None else _check_k(k, dim)
+    dim = check_input(x, eps)
+    check_affine(weight, "weight", x, dim)
+    k = dim if k is None else check_k(k, dim)
     return _fwd(x, weight, k, eps, gain_mode(weight, zero_centered))[0]

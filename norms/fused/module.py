@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from norms.fused.ops import fused_add_rms_norm, fused_rms_norm, kernel_backend
-from norms.modules import RMSNorm, resolve_partial_k
+from norms import registry
+from norms.rmsnorm import RMSNorm, resolve_partial_k
 
 
 class FusedRMSNorm(RMSNorm):
@@ -28,26 +28,29 @@ class FusedRMSNorm(RMSNorm):
     ) -> None:
         super().__init__(dim, eps, cast_before_weight, gain)
         self.k = dim if k is None and p is None else resolve_partial_k(dim, p, k)
+        registry.backend("triton_rms_norm")  # Triton loads with the first fused norm, not with the library
 
     def _options(self) -> dict:
         return {"cast_before_weight": self.cast_before_weight, "zero_centered": self.zero_centered}
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        if kernel_backend(x.device) == "reference":
+        ops = registry.backend("triton_rms_norm")
+        if ops.kernel_backend(x.device) == "reference":
             return super().normalize(x)
-        return fused_rms_norm(x, self.weight, self.eps, self.k, **self._options())
+        return ops.fused_rms_norm(x, self.weight, self.eps, self.k, **self._options())
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is None or kernel_backend(x.device) == "reference":
+        ops = registry.backend("triton_rms_norm")
+        if residual is None or ops.kernel_backend(x.device) == "reference":
             return super().forward(x, residual)
-        normalized, total = fused_add_rms_norm(x, residual, self.weight, self.eps, self.k, **self._options())
+        normalized, total = ops.fused_add_rms_norm(x, residual, self.weight, self.eps, self.k, **self._options())
         return self.scaled(normalized), total
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
         return self.gain_or_ones() * self.output_scale if self.k == self.dim else None
 
     def backend(self, device: torch.device | str) -> str:
-        backend = kernel_backend(device)
+        backend = registry.backend("triton_rms_norm").kernel_backend(device)
         return super().backend(device) if backend == "reference" else backend
 
     def extra_repr(self) -> str:

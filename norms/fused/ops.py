@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from norms.functional import _check_affine, _check_input, _check_k, gain_mode, partial_rms_norm
+from norms.functional import check_affine, check_input, check_k, gain_mode, partial_rms_norm
 
 try:
     import triton
@@ -216,9 +216,9 @@ def _use_kernel(x: torch.Tensor) -> bool:
 
 
 def _validated_k(x: torch.Tensor, weight: torch.Tensor | None, k: int | None, eps: float) -> int:
-    dim = _check_input(x, eps)
-    _check_affine(weight, "weight", x, dim)
-    return dim if k is None else _check_k(k, dim)
+    dim = check_input(x, eps)
+    check_affine(weight, "weight", x, dim)
+    return dim if k is None else check_k(k, dim)
 
 
 def fused_rms_norm(

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from norms import Derf, DyT, PartialRMSNorm, RMSNorm, dyt, partial_rms_norm
-from norms.cpu import build, cpu_rms_norm, pointwise
+from norms.cpu import build, pointwise
 from norms.cpu import rms_norm as cpu_ops
+from norms.cpu.rms_norm import cpu_rms_norm
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="the C kernel could not be built here")
 

@@ -17,7 +17,7 @@ import torch
 
 import norms.fused.ops as fused_ops
 from norms import FusedRMSNorm, build_norm, fused_add_rms_norm, fused_rms_norm, partial_rms_norm
-from norms.fused import kernel_backend
+from norms.fused.ops import kernel_backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}

@@ -1,0 +1,97 @@
+"""The norm base class: the residual-add contract, the gain parametrizations, and what a norm can say of itself.
+
+Every norm accepts an optional ``residual``: ``norm(x, residual)`` returns
+``(norm(x + residual), x + residual)``. A pre-norm block adds its branch output to the
+residual stream and normalizes the sum in one call, which the fused kernel does in a single
+pass and the reference norms do in two; the block code is the same for all of them.
+
+What a norm can do beyond computing (its gain, an equivalent plain RMSNorm for export, the
+backend that runs it) is asked of the class, so code elsewhere never lists norm names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GAINS = ("standard", "one_plus", "none")
+
+
+class Norm(nn.Module):
+    """Base class: subclasses implement ``normalize``; the residual-add contract lives here.
+
+    ``role`` is a free-form tag that whoever places the norm may set (a model sets
+    ``"attn_in"``, ``"q"``, ...), so that statistics can say what the norm sees.
+    ``output_scale`` multiplies the normalized output by a constant (LayerNorm Scaling sets
+    1/sqrt(layer)); at 1 it costs nothing.
+    """
+
+    role: str | None = None
+    output_scale: float = 1.0
+    unit_sphere = False  # whether every output vector has L2 norm 1 (what nGPT's block needs)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def scaled(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.output_scale == 1.0 else y * self.output_scale
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self.scaled(self.normalize(x))
+        total = x + residual
+        return self.scaled(self.normalize(total)), total
+
+    def effective_gain(self) -> torch.Tensor | None:
+        """The per-feature gain the output is multiplied by, in float32, or None without one."""
+        weight = getattr(self, "weight", None)
+        return None if weight is None else weight.detach().float()
+
+    def plain_rms_norm_weight(self) -> torch.Tensor | None:
+        """The weight ``w`` of an equivalent ``x * rsqrt(mean(x**2) + eps) * w`` over all features, or None.
+
+        What exporting to a Hugging Face class with an RMSNorm (Llama, Qwen3, OLMo 2) needs.
+        """
+        return None
+
+    def backend(self, device: torch.device | str) -> str:
+        """The implementation that runs this norm on ``device`` (recorded in a run's config)."""
+        return "pytorch"
+
+
+def check_dim(dim: int) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ValueError(f"dim must be a positive int (the feature size), got {dim!r}")
+
+
+def gain_parameter(dim: int, gain: str) -> nn.Parameter | None:
+    """The learned gain: ones (standard), zeros applied as 1 + w (one_plus, Gemma), or none."""
+    if gain not in GAINS:
+        raise ValueError(f"gain must be one of {', '.join(GAINS)}, got {gain!r}")
+    if gain == "none":
+        return None
+    return nn.Parameter(torch.zeros(dim) if gain == "one_plus" else torch.ones(dim))
+
+
+class GainedNorm(Norm):
+    """A norm with a gain parametrization (``standard``, ``one_plus`` or ``none``)."""
+
+    def __init__(self, dim: int, eps: float, gain: str) -> None:
+        super().__init__()
+        check_dim(dim)
+        self.dim, self.eps, self.gain = dim, eps, gain
+        self.register_parameter("weight", gain_parameter(dim, gain))
+
+    @property
+    def zero_centered(self) -> bool:
+        return self.gain == "one_plus"
+
+    def effective_gain(self) -> torch.Tensor | None:
+        gain = super().effective_gain()
+        return gain + 1.0 if gain is not None and self.zero_centered else gain
+
+    def gain_or_ones(self) -> torch.Tensor:
+        gain = self.effective_gain()
+        return torch.ones(self.dim) if gain is None else gain
