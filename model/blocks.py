@@ -7,11 +7,12 @@ With F the attention or MLP branch and N a norm, each block applies, for F = att
     peri       h = x + N_out(F(N_in(x)))    Gemma 2/3, Peri-LN (Kim et al. 2025)
     reordered  h = x + N(F(x))              OLMo 2
     deepnorm   h = N(alpha x + F(x))        DeepNet (Wang et al. 2022)    no final norm
-    ngpt       h = N(h + a (N(F(h)) - h))   nGPT (Loshchilov et al. 2025) no final norm, h on the unit sphere
 
 A model may mix placements layer by layer (``layer_placements``); ``mix_ln`` is the mix of
 Mix-LN (Li et al. 2024, arXiv 2412.13795): post-norm in the first floor(post_fraction * L)
 layers, pre-norm after them. The model has a final norm when its last block wants one.
+``ngpt`` is no block of this table but a model of its own (model/ngpt.py), whose block is
+h = N(h + a (N(F(h)) - h)) with h on the unit sphere.
 
 Where a norm directly follows a residual add (pre, peri, post), the add is handed to the norm
 (``norm(branch, residual=x)`` returns ``(N(x + branch), x + branch)``), which a fused norm
@@ -29,9 +30,7 @@ from model.attention import Attention, KVCache
 from model.config import ModelConfig
 from model.matrices import logical_matrices
 from model.mlp import SwiGLU
-from model.ngpt import NGPTMLP, NGPTAttention, ScaledVector, base_scale, normalize_along
 from model.norm_roles import norm_for
-from norms import Norm
 
 # The attribute that holds each role's norm, so instance names are stable: layers.3.attn_norm, ...
 _NORM_ATTRIBUTE = {
@@ -49,7 +48,6 @@ class Block(nn.Module):
 
     roles: tuple[str, ...] = ()
     has_final_norm = True
-    on_sphere = False  # nGPT: embeddings, matrices and hidden state on the unit sphere, logits scaled by s_z
     attention_class, mlp_class = Attention, SwiGLU
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
@@ -83,9 +81,6 @@ class Block(nn.Module):
 
     def after_init(self) -> None:
         """Scaling that an init std per weight cannot say (a slice of a fused weight)."""
-
-    def normalize_weights(self) -> None:
-        """What the block's weights must satisfy after every optimizer step (nothing, but in nGPT)."""
 
     def attention(self, x, cos, sin, cache: KVCache | None, start_pos: int) -> torch.Tensor:
         return self._scaled(self.dropout(self.attn(x, cos, sin, cache, start_pos)))
@@ -147,9 +142,7 @@ class DeepNormBlock(Block):
     Post-norm with the residual up-weighted, and DeepNet's initialization (Wang et al. 2022, arXiv
     2203.00555, Figure 2 and Table 1, decoder-only constants): every branch matrix Xavier-normal, std
     gain * sqrt(2 / (fan_in + fan_out)), with gain beta = (8L)^(-1/4) for the value, output and MLP
-    matrices and 1 for q and k, which bounds the model update at any depth. Until round 4 DeepNorm
-    here drew every matrix at init_std (0.02) and multiplied beta on top, which at d_model = 64 is a
-    base about 2.5x smaller than Xavier's and with 4 layers left it close to plain post-norm.
+    matrices and 1 for q and k, which bounds the model update at any depth.
     """
 
     roles = ("attn_out", "mlp_out")
@@ -182,64 +175,15 @@ class DeepNormBlock(Block):
             weight[rows] *= gain * math.sqrt(2 / (fan_in + fan_out)) / self.cfg.init_std
 
 
-class NGPTBlock(Block):
-    """h <- N(h + alpha_A * (N(attn(h)) - h)); out <- N(h + alpha_M * (N(mlp(h)) - h)).
-
-    nGPT (Loshchilov et al. 2025, arXiv 2410.01131): N puts a vector on the unit sphere, and each
-    branch moves the hidden state towards its own (normalized) suggestion by a learned per-feature
-    step, the "eigen learning rates" alpha_A and alpha_M (init 0.05, stored at scale 1/sqrt(d_model);
-    used as |alpha|, as the authors' code does).
-    q and k are unit per head and scaled by s_qk (model/ngpt.py), the MLP's inputs by s_u and s_v;
-    the model scales its logits by s_z and has no final norm; every matrix stays unit-norm along
-    d_model (``normalize_weights``, after each optimizer step).
-    """
-
-    roles = ("attn_out", "attn_update", "mlp_out", "mlp_update")
-    has_final_norm = False
-    on_sphere = True
-    attention_class, mlp_class = NGPTAttention, NGPTMLP
-
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
-        if cfg.tie_embeddings:
-            raise ValueError("nGPT has separate input and output embeddings: set model.tie_embeddings=false")
-        if cfg.qk_norm is not None:
-            raise ValueError(f"nGPT normalizes q and k itself: drop norm.qk={cfg.qk_norm}")
-        super().__init__(cfg, layer)
-        off_sphere = sorted({type(n).__name__ for n in self.modules() if isinstance(n, Norm) and not n.unit_sphere})
-        if off_sphere:
-            raise ValueError(
-                f"the nGPT block keeps its hidden state on the unit sphere, which {', '.join(off_sphere)} does not: "
-                "use norm=ngpt (an L2 norm)"
-            )
-        self.attn_alpha = ScaledVector(cfg.d_model, init=0.05, scale=base_scale(cfg))
-        self.mlp_alpha = ScaledVector(cfg.d_model, init=0.05, scale=base_scale(cfg))
-
-    def forward(self, h, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
-        attn = self.attn_out_norm(self.attn(h, cos, sin, cache, start_pos))
-        h = self.attn_update_norm(h + self.attn_alpha().abs() * (attn - h))
-        mlp = self.mlp_out_norm(self.mlp(h))
-        return self.mlp_update_norm(h + self.mlp_alpha().abs() * (mlp - h))
-
-    def init_stds(self) -> dict[str, float]:
-        return {}  # every matrix is normalized after init, so its std does not matter
-
-    def normalize_weights(self) -> None:
-        for from_stream in (self.attn.qkv_proj, self.mlp.gate_up_proj):
-            normalize_along(from_stream.weight, dim=1)
-        for into_stream in (self.attn.o_proj, self.mlp.down_proj):
-            normalize_along(into_stream.weight, dim=0)
-
-
 BLOCKS: dict[str, type[Block]] = {
     "pre": PreNormBlock,
     "post": PostNormBlock,
     "peri": PeriNormBlock,
     "reordered": ReorderedBlock,
     "deepnorm": DeepNormBlock,
-    "ngpt": NGPTBlock,
 }
-# norm.placement: a block for every layer, or a mix of blocks by layer.
-PLACEMENTS = (*BLOCKS, "mix_ln")
+# norm.placement: a block for every layer, a mix of blocks by layer, or nGPT's model (model/__init__.py MODELS).
+PLACEMENTS = (*BLOCKS, "mix_ln", "ngpt")
 
 
 def layer_placements(cfg: ModelConfig) -> list[str]:
@@ -256,4 +200,9 @@ def block_class(placement: str) -> type[Block]:
     try:
         return BLOCKS[placement]
     except KeyError:
+        if placement == "ngpt":
+            raise ValueError(
+                "norm.placement=ngpt is nGPT's own model (model/ngpt.py), not a block: build it with "
+                "model.build_model, and never in norm.layer_placements beside other blocks"
+            ) from None
         raise ValueError(f"unknown norm.placement {placement!r}; choose one of: {', '.join(PLACEMENTS)}") from None

@@ -1,15 +1,15 @@
-"""The parts of nGPT (Loshchilov, Hsieh, Sun & Ginsburg, ICLR 2025, arXiv 2410.01131) beyond its block.
+"""nGPT, the normalized Transformer (Loshchilov, Hsieh, Sun & Ginsburg, ICLR 2025, arXiv 2410.01131): a model of its own.
 
 In nGPT every vector lives on the unit sphere: token embeddings, the rows of every matrix along
-d_model, queries and keys, and the hidden state. What that needs besides the block
-(model/blocks.py ``NGPTBlock``):
+d_model, queries and keys, and the hidden state. ``NormalizedTransformer`` is the Transformer with
 
-- ``ScaledVector``: a learned scaling vector stored the paper's way (Sec. 2.6);
+- ``NGPTBlock``: the hidden state moved along the sphere by learned steps, no final norm;
 - ``NGPTAttention``: q and k normalized per head after RoPE and scaled by ``s_qk``; the softmax
   scale sqrt(d_head) instead of 1/sqrt(d_head), since unit q and k give dot products in [-1, 1];
 - ``NGPTMLP``: SwiGLU with its gate and up projections scaled by ``s_v`` (times sqrt(d_model)) and ``s_u``;
-- ``normalize_along``: the renormalization of a matrix along d_model, which the training loop runs after
-  every optimizer step (``Transformer.normalize_weights``).
+- logits scaled by ``s_z``, each learned vector a ``ScaledVector`` stored the paper's way (Sec. 2.6);
+- ``normalize_weights``: every matrix back on the sphere along d_model, a post-step hook the training
+  loop runs after each optimizer step.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import Attention, KVCache, ScoresTap
+from model.blocks import Block
 from model.config import ModelConfig
 from model.mlp import SwiGLU
 from model.norm_roles import norm_for
 from model.rope import apply_rope
+from model.transformer import Transformer
+from norms import Norm
 
 
 class ScaledVector(nn.Module):
@@ -104,3 +107,85 @@ class NGPTMLP(SwiGLU):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate * (self.s_v() * self.sqrt_d)) * (up * self.s_u()))
+
+
+class NGPTBlock(Block):
+    """h <- N(h + alpha_A * (N(attn(h)) - h)); out <- N(h + alpha_M * (N(mlp(h)) - h)).
+
+    nGPT (Loshchilov et al. 2025, arXiv 2410.01131): N puts a vector on the unit sphere, and each
+    branch moves the hidden state towards its own (normalized) suggestion by a learned per-feature
+    step, the "eigen learning rates" alpha_A and alpha_M (init 0.05, stored at scale 1/sqrt(d_model);
+    used as |alpha|, as the authors' code does).
+    q and k are unit per head and scaled by s_qk (model/ngpt.py), the MLP's inputs by s_u and s_v;
+    the model scales its logits by s_z and has no final norm; every matrix stays unit-norm along
+    d_model (``normalize_weights``, after each optimizer step).
+    """
+
+    roles = ("attn_out", "attn_update", "mlp_out", "mlp_update")
+    has_final_norm = False
+    attention_class, mlp_class = NGPTAttention, NGPTMLP
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        if cfg.tie_embeddings:
+            raise ValueError("nGPT has separate input and output embeddings: set model.tie_embeddings=false")
+        if cfg.qk_norm is not None:
+            raise ValueError(f"nGPT normalizes q and k itself: drop norm.qk={cfg.qk_norm}")
+        super().__init__(cfg, layer)
+        off_sphere = sorted({type(n).__name__ for n in self.modules() if isinstance(n, Norm) and not n.unit_sphere})
+        if off_sphere:
+            raise ValueError(
+                f"the nGPT block keeps its hidden state on the unit sphere, which {', '.join(off_sphere)} does not: "
+                "use norm=ngpt (an L2 norm)"
+            )
+        self.attn_alpha = ScaledVector(cfg.d_model, init=0.05, scale=base_scale(cfg))
+        self.mlp_alpha = ScaledVector(cfg.d_model, init=0.05, scale=base_scale(cfg))
+
+    def forward(self, h, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+        attn = self.attn_out_norm(self.attn(h, cos, sin, cache, start_pos))
+        h = self.attn_update_norm(h + self.attn_alpha().abs() * (attn - h))
+        mlp = self.mlp_out_norm(self.mlp(h))
+        return self.mlp_update_norm(h + self.mlp_alpha().abs() * (mlp - h))
+
+    def init_stds(self) -> dict[str, float]:
+        return {}  # every matrix is normalized after init, so its std does not matter
+
+
+class NormalizedTransformer(Transformer):
+    """The Transformer with nGPT's blocks in every layer, logits scaled by s_z, and its matrices and embeddings
+    kept unit-norm along d_model: at init, and after every optimizer step (``post_step_hooks``)."""
+
+    on_sphere = True
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        # nGPT's logits are s_z * (h . w): unit h and unit w give cosines, which s_z scales (init 1)
+        self.logit_scale = ScaledVector(cfg.vocab_size, 1.0, base_scale(cfg))
+
+    def block_types(self) -> list[type[Block]]:
+        if self.cfg.layer_placements is not None:
+            raise ValueError("nGPT is a whole model: norm.layer_placements cannot mix ngpt with other placements")
+        return [NGPTBlock] * self.cfg.n_layers
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.normalize_weights()
+
+    @torch.no_grad()
+    def normalize_weights(self) -> dict[str, float]:
+        """nGPT's constraint: the embeddings and every matrix unit-norm along d_model. A post-step hook (it
+        reports no metric)."""
+        for table in (self.tok_embeddings, self.lm_head):
+            normalize_along(table.weight, dim=1)
+        for layer in self.layers:
+            for from_stream in (layer.attn.qkv_proj, layer.mlp.gate_up_proj):
+                normalize_along(from_stream.weight, dim=1)
+            for into_stream in (layer.attn.o_proj, layer.mlp.down_proj):
+                normalize_along(into_stream.weight, dim=0)
+        return {}
+
+    def post_step_hooks(self) -> list:
+        return [self.normalize_weights]
+
+    def head_weight(self) -> torch.Tensor:
+        # s_z * (h . w_j) = h . (s_z,j w_j): the fused loss keeps working
+        return super().head_weight() * self.logit_scale()[:, None]

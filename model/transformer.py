@@ -9,30 +9,29 @@ that telemetry finds by type and reports under.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from model.attention import KVCache
-from model.blocks import block_class, layer_placements
+from model.blocks import Block, block_class, layer_placements
 from model.config import ModelConfig
 from model.loss import LossTerms, fused_linear_cross_entropy, softcap
-from model.ngpt import ScaledVector, base_scale, normalize_along
 from model.norm_roles import check_role_options, norm_for
 from model.rope import rope_tables
 from norms import Norm
 
 
 class Transformer(nn.Module):
+    on_sphere = False  # nGPT's model (model/ngpt.py) keeps its vectors on the unit sphere
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         check_role_options(cfg)
-        blocks = [block_class(placement) for placement in layer_placements(cfg)]
-        if len({block.on_sphere for block in blocks}) > 1:
-            raise ValueError("nGPT is a whole model: norm.layer_placements cannot mix ngpt with other placements")
-        self.on_sphere = blocks[0].on_sphere
+        blocks = self.block_types()
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.embed_scale == "learned":  # the DyT paper's LLaMA code: a learned scalar, from sqrt(d_model)
             self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(cfg.d_model)))
@@ -44,8 +43,6 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
-        # nGPT's logits are s_z * (h . w): unit h and unit w give cosines, which s_z scales (init 1)
-        self.logit_scale = ScaledVector(cfg.vocab_size, 1.0, base_scale(cfg)) if self.on_sphere else None
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -66,18 +63,19 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=stds.get(name, self.cfg.init_std))
         for layer in self.layers:
             layer.after_init()
-        self.normalize_weights()
 
-    @torch.no_grad()
-    def normalize_weights(self) -> None:
-        """nGPT's constraint, restored after every optimizer step (and at init): the embeddings and every
-        matrix unit-norm along d_model. Nothing for any other model."""
-        if not self.on_sphere:
-            return
-        for table in (self.tok_embeddings, self.lm_head):
-            normalize_along(table.weight, dim=1)
-        for layer in self.layers:
-            layer.normalize_weights()
+    def block_types(self) -> list[type[Block]]:
+        """Each layer's block class: its placement's (model/blocks.py)."""
+        return [block_class(placement) for placement in layer_placements(self.cfg)]
+
+    def post_step_hooks(self) -> list[Callable[[], dict[str, float]]]:
+        """What must run after every optimizer step for the weights to stay what the model assumes (nGPT's
+        renormalization); each returns the metrics it reports. None for this model."""
+        return []
+
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight as the logits use it."""
+        return self.lm_head.weight
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The token embeddings, times sqrt(d_model) (Gemma) or a learned scalar (DyT) when configured,
@@ -117,9 +115,7 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, None if caches is None else caches[i], start_pos)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        head = self.lm_head.weight
-        if self.logit_scale is not None:  # s_z * (h . w_j) = h . (s_z,j w_j): the fused loss keeps working
-            head = head * self.logit_scale()[:, None]
+        head = self.head_weight()
         if targets is not None:
             return fused_linear_cross_entropy(x, head, targets, z_loss, self.cfg.logit_softcap)
         return softcap(F.linear(x, head), self.cfg.logit_softcap)

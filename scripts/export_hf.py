@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, build_model
 from model.hf import hf_config, hf_state_dict
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.tokenizer import EOS
@@ -28,7 +28,7 @@ def export(checkpoint: Path, out_dir: Path) -> Path:
     from safetensors.torch import save_file
 
     state = load_checkpoint(checkpoint)
-    model = Transformer(ModelConfig(**state["model_config"]))
+    model = build_model(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
     config = hf_config(model)  # raises for variants Hugging Face lacks, before anything is written
     tokenizer = state.get("tokenizer")

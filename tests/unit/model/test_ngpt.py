@@ -1,4 +1,4 @@
-"""nGPT (model/ngpt.py, model/blocks.py NGPTBlock): its block as its formula, unit vectors everywhere, refusals."""
+"""nGPT (model/ngpt.py): its block as its formula, unit vectors everywhere, its post-step hook, refusals."""
 
 import contextlib
 import math
@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, Transformer
-from model.ngpt import ScaledVector
+from model import ModelConfig, Transformer, build_model
+from model.ngpt import NormalizedTransformer, ScaledVector
 from model.rope import apply_rope
-from training.probes import run_probes
+from training.probes import resolve_probe, run_probes
 
 
 def ngpt(**overrides) -> ModelConfig:
@@ -36,7 +36,7 @@ def _perturbed(model: Transformer) -> Transformer:
 
 def test_the_block_computes_the_papers_formula():
     torch.manual_seed(0)
-    model = _perturbed(Transformer(ngpt()).eval())
+    model = _perturbed(build_model(ngpt()).eval())
     block, (hd, d) = model.layers[0], (8, 32)
     cos, sin = model.rope_cos[:6], model.rope_sin[:6]
     h = unit(torch.randn(2, 6, d))
@@ -75,7 +75,7 @@ def test_the_block_computes_the_papers_formula():
 
 
 def test_everything_starts_on_the_unit_sphere_and_the_renormalization_puts_it_back():
-    model = Transformer(ngpt(d_model=32, n_heads=4, n_kv_heads=4))  # o_proj square: the axis must still be d_model's
+    model = build_model(ngpt(d_model=32, n_heads=4, n_kv_heads=4))  # o_proj square: the axis must still be d_model's
     block = model.layers[0]
     checks = {
         "embeddings": (model.tok_embeddings.weight, 1),
@@ -90,14 +90,15 @@ def test_everything_starts_on_the_unit_sphere_and_the_renormalization_puts_it_ba
     with torch.no_grad():
         for weight, _ in checks.values():
             weight.mul_(3.0).add_(0.1)
-    model.normalize_weights()
+    (hook,) = model.post_step_hooks()  # the loop runs it after every optimizer step
+    assert hook() == {}
     for name, (weight, dim) in checks.items():
         torch.testing.assert_close(weight.norm(dim=dim), torch.ones(weight.shape[1 - dim]), msg=name)
 
 
 def test_the_hidden_state_leaves_every_block_with_norm_one_and_the_scales_start_where_the_paper_starts():
     torch.manual_seed(0)
-    model = Transformer(ngpt()).eval()
+    model = build_model(ngpt()).eval()
     x = model.tok_embeddings(torch.randint(0, 97, (2, 7)))
     for layer in model.layers:
         x = layer(x, model.rope_cos[:7], model.rope_sin[:7])
@@ -110,14 +111,14 @@ def test_the_hidden_state_leaves_every_block_with_norm_one_and_the_scales_start_
 
 def test_cached_generation_matches_recomputation():
     torch.manual_seed(0)
-    model = Transformer(ngpt()).eval()
+    model = build_model(ngpt()).eval()
     prompt = torch.randint(0, 97, (2, 4))
     cached = model.generate(prompt, 10, temperature=0)
     assert torch.equal(cached, model.generate(prompt, 10, temperature=0, use_cache=False))
 
 
 def test_the_gradient_reaches_every_learned_scale():
-    model = Transformer(ngpt())
+    model = build_model(ngpt())
     tokens = torch.randint(0, 97, (2, 9))
     model(tokens[:, :-1], tokens[:, 1:]).objective.backward()
     for name, module in model.named_modules():
@@ -137,13 +138,23 @@ def test_the_gradient_reaches_every_learned_scale():
 )
 def test_what_ngpt_cannot_be_is_refused_with_the_key_to_change(overrides, message):
     with pytest.raises(ValueError, match=message):
-        Transformer(ngpt(**overrides))
+        build_model(ngpt(**overrides))
+
+
+def test_ngpt_is_its_own_model_class_and_the_plain_transformer_refuses_its_placement():
+    assert type(build_model(ngpt())) is NormalizedTransformer
+    assert Transformer(ngpt(placement="pre", norm="rmsnorm", tie_embeddings=True)).post_step_hooks() == []
+    with pytest.raises(ValueError, match="build it with model.build_model"):
+        Transformer(ngpt())
+    with pytest.raises(ValueError, match="never in norm.layer_placements"):
+        Transformer(ngpt(placement="pre", norm="rmsnorm", layer_placements=["pre", "ngpt"]))
 
 
 def test_the_attention_probes_read_ngpts_logits_with_its_softmax_scale():
     """The scores tap carries nGPT's sqrt(d_head): unit q and k scaled by s_qk = 1 give logits within sqrt(d_head)."""
     torch.manual_seed(0)
-    model = Transformer(ngpt())
-    metrics = run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext())
+    model = build_model(ngpt())
+    attention = [resolve_probe("attention")]
+    metrics = run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext(), attention)
     logits = [metrics[f"attn/layers.{i}/max_logit"] for i in range(2)]
     assert all(1.0 < value <= math.sqrt(8) + 1e-5 for value in logits)  # under 1/sqrt(d) they would sit below 0.36
