@@ -22,28 +22,59 @@ import glob
 import json
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, List, Optional  # noqa: UP035  # OmegaConf reads these annotations
 
 import hydra
 import torch
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from model import ModelConfig, Transformer
+from analysis.probes import STUDY_PROBES
+from analysis.probes.layer_importance import skip_deltas
+from model import ModelConfig, Transformer, build_model
 from model.quantize import QuantizationError, check_schemes, quantized
 from training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from training.config import DataConfig, register_configs
+from training.config import DataConfig, LoggerConfig, Precision, register_configs
 from training.corpus import DataError
 from training.data import build_validation
 from training.evaluation import evaluate
 from training.loggers import WandbLogger
-from training.probes import run_probes
-from training.probes.layer_importance import skip_deltas
+from training.probes import PROBES, resolve_probe, run_probes
 from training.runtime import autocast_context, resolve_device, resolve_precision
 
 log = logging.getLogger("normlab.eval")
+
+
+# ruff: noqa: UP006, UP045
+@dataclass
+class EvalConfig:
+    """eval.py: checkpoints in, metrics, samples and activation statistics out."""
+
+    checkpoint: Any = MISSING  # a run directory or .pt file, a glob of them (runs/outliers/*), or a list
+    data: Optional[DataConfig] = None  # None: each run's own data config (choose another with data=<name>)
+    val_windows: Optional[int] = None  # None: the run's data.val_windows
+    batch_size: int = 16
+    prompt: str = "In the beginning"
+    max_new_tokens: int = 64
+    num_samples: int = 2
+    temperature: float = 0.8
+    top_k: Optional[int] = 50
+    sample_seed: int = 0
+    # fake-quantized evaluations beside the float one (model/quantize.py): w8a8, w8a8_tensor, w4a16, fp8
+    quant: List[str] = field(default_factory=list)
+    # per block: the val/loss with it replaced by the identity minus the plain loss, and its angular distance
+    layer_importance: bool = False
+    device: str = "auto"
+    precision: Precision = Precision.auto  # type: ignore[valid-type]
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
 register_configs()
+ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
 
 
 def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
@@ -55,7 +86,7 @@ def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
             f"{source} has model config fields this code does not know ({', '.join(unknown)}); "
             "evaluate it with the normlab version that trained it"
         )
-    model = Transformer(ModelConfig(**state["model_config"]))
+    model = build_model(ModelConfig(**state["model_config"]))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
@@ -82,7 +113,8 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
     val, token_bytes = build_validation(data_cfg, seq_len, tokenizer)
 
     metrics = evaluate(model, val, token_bytes, cfg.batch_size, device, autocast)
-    metrics.update(run_probes(model, val[: cfg.batch_size, :-1].to(device), autocast))
+    every_probe = [resolve_probe(name) for name in (*PROBES, *STUDY_PROBES)]
+    metrics.update(run_probes(model, val[: cfg.batch_size, :-1].to(device), autocast, every_probe))
     importance = {}
     if cfg.layer_importance:
         importance = {

@@ -6,7 +6,8 @@
 
 The story: config -> data -> model -> loop -> metrics and checkpoints. ``training.setup.build_run``
 turns the config into a run (data, model, optimizer, resumed from the newest checkpoint in
-runs/<run_name>, loggers); the loop below takes its steps and logs what the probes measure.
+runs/<run_name>, the hooks after each step, loggers); the loop below takes its steps, runs the hooks
+that the model and the training options registered, and logs what the probes measure.
 """
 
 from __future__ import annotations
@@ -24,17 +25,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from training.checkpoint import CheckpointError
-from training.config import ConfigError, register_configs
-from training.corpus import DataError
+from training.config import register_configs
 from training.distributed import init_distributed
+from training.errors import NormlabError
 from training.evaluation import evaluate
-from training.nonfinite import TrainingDiverged
+from training.nonfinite import StepAction
 from training.optim import lr_at
-from training.probes import layer_grad_norms, run_probes
-from training.qk_clip import qk_clip
+from training.probes import run_probes
+from training.probes.gradients import layer_grad_norms
 from training.run_lock import RunLock, RunLockedError
-from training.run_record import RunIdentityError
 from training.runtime import resolve_device
 from training.setup import TrainingRun, build_run
 from training.throughput import peak_memory_gb
@@ -130,7 +129,7 @@ def measure(run: TrainingRun, step: int, done: int, last: bool, step_metrics: di
         log.info("step %d: val loss %.4f, bpb %.4f", done, metrics["val/loss"], metrics["val/bpb"])
     if every(tcfg.stats_every, done, last):
         probe_batch, _ = run.data.train.get(step, run.dist.rank * run.settings.accum * tcfg.batch_size, tcfg.batch_size)
-        metrics.update(run_probes(run.model, probe_batch.to(run.device), run.autocast))
+        metrics.update(run_probes(run.model, probe_batch.to(run.device), run.autocast, run.settings.probes))
     return metrics
 
 
@@ -149,9 +148,9 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         started = time.perf_counter()
         loss, z_loss, grad_norm = train_step(run, step)
         action = run.nonfinite.check(done, loss + z_loss, grad_norm, last_checkpoint)
-        if action != "apply":
+        if action is not StepAction.APPLY:
             run.optimizer.zero_grad(set_to_none=True)
-            if action == "end":
+            if action is StepAction.END:
                 metrics = run.nonfinite.divergence_row(done, loss, grad_norm)
                 run.loggers.log(metrics)
                 break
@@ -159,12 +158,11 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         gradients = layer_grad_norms(run.model) if every(tcfg.stats_every, done, last) else {}
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
-        run.model.normalize_weights()  # nGPT: matrices and embeddings back on the unit sphere (else nothing)
         step_metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
+        for hook in run.post_step_hooks:
+            step_metrics.update(hook())
         if tcfg.z_loss:
             step_metrics["train/z_loss"] = z_loss
-        if tcfg.qk_clip is not None:
-            step_metrics["train/qk_clipped_heads"] = qk_clip(run.model, tcfg.qk_clip, dist)
         run.meter.add(run.settings.tokens_per_step, time.perf_counter() - started)
         if not dist.is_main:
             continue
@@ -191,7 +189,7 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
 def main(cfg: DictConfig) -> None:
     try:
         train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (DataError, CheckpointError, TrainingDiverged, ConfigError, RunIdentityError, RunLockedError) as err:
+    except NormlabError as err:
         log.error("%s", err)
         sys.exit(1)
 

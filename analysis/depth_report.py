@@ -25,6 +25,7 @@ from analysis.results import Result, by_model, load_results, planned_grid
 from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import t_interval
 from analysis.study import ANGULAR_DISTANCE, STATISTICS, STREAM_RMS, Study, per_seed, skip_deltas
+from analysis.unigram import run_unigram_loss
 
 BEST_LOSS = STATISTICS["best_loss"]
 
@@ -152,7 +153,7 @@ def write_depth_report(inputs: list[str], out: Path, metric: str, baseline: str)
     rows = by_depth(results, baseline, inputs)
     if len(rows) < 2:
         raise RunsError("these runs are of one depth; a depth study needs models of two or more depths")
-    unigram = next((r.run.config["runtime"].get("unigram_val_loss") for r in results), None)
+    unigram = next((u for r in results if (u := run_unigram_loss(r.run)) is not None), None)
     out.mkdir(parents=True, exist_ok=True)
     plot_loss_vs_depth(rows, out / "loss_vs_depth.png", unigram)
     plot_layer_importance(rows, out / "layer_importance.png")

@@ -31,6 +31,7 @@ from analysis.results import VAL_LOSS
 from analysis.runs import Run, RunsError, load_runs
 from analysis.stats import paired_comparison, t_interval
 from analysis.study import SATURATED, TRAINED_MARGIN
+from analysis.unigram import run_unigram_loss
 from training.checkpoint import list_checkpoints, load_checkpoint
 
 COMMAND = "python train.py -m +experiment=dyt_map"
@@ -116,10 +117,10 @@ def summarize(runs: list[Run]) -> dict:
     by_setting: dict[Setting, list[Run]] = defaultdict(list)
     for run in runs:
         by_setting[setting_of(run)].append(run)
-    unigrams = {run.config["runtime"].get("unigram_val_loss") for run in runs}
+    unigrams = {run_unigram_loss(run) for run in runs}
     if len(unigrams) != 1 or None in unigrams:
         raise RunsError(
-            "the runs do not share one unigram loss (runtime.unigram_val_loss): they validate on different "
+            "the runs do not share one unigram loss (analysis/unigram.py): they validate on different "
             f"windows or predate that record ({sorted(map(str, unigrams))}); map one corpus at a time"
         )
     unigram = unigrams.pop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 
+from analysis.probes import study_probe_keys
 from training.probes import declared_keys
 
 
@@ -20,13 +21,19 @@ class UnknownMetricKey(KeyError):
     """A reader asked for a key that no probe (nor the training loop) declares."""
 
 
+@functools.cache
+def every_declared_key() -> tuple[str, ...]:
+    """The templates the core declares (the loop's and its probes') and the studies' probes."""
+    return declared_keys() + study_probe_keys()
+
+
 def metric_key(template: str) -> str:
     """``template`` itself, once checked against every declared key template."""
-    declared = declared_keys()
+    declared = every_declared_key()
     if template not in declared:
         raise UnknownMetricKey(
             f"no probe declares the metric key {template!r}; declared: {', '.join(declared)} "
-            "(training/probes/: each probe's `keys`)"
+            "(training/probes/ and analysis/probes/: each probe's `keys`)"
         )
     return template
 

@@ -37,6 +37,7 @@ from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs
 from analysis.stats import paired_comparison, rank_correlation, t_interval
 from analysis.study import TRAINED_MARGIN
+from analysis.unigram import run_unigram_loss
 
 KURTOSIS = metric_key("act/layers.{i}/stream_feature_kurtosis")
 MASSIVE = metric_key("act/layers.{i}/massive_ratio")
@@ -70,7 +71,7 @@ class Point:
     @property
     def trained(self) -> bool:
         """At least TRAINED_MARGIN below the unigram loss of its validation windows (as the study judges it)."""
-        unigram = self.run.config["runtime"].get("unigram_val_loss")
+        unigram = run_unigram_loss(self.run)
         return unigram is None or self.loss < unigram - TRAINED_MARGIN
 
 
@@ -155,7 +156,7 @@ def setup(points: list[Point]) -> dict:
         "seq_len": config["model"]["max_seq_len"],
         "optimizer": config["train"].get("optimizer", "adamw"),
         "seeds": sorted({p.seed for p in points}),
-        "unigram_loss": config["runtime"].get("unigram_val_loss"),
+        "unigram_loss": run_unigram_loss(points[0].run),
         "trained_margin": TRAINED_MARGIN,
     }
 

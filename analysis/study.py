@@ -23,6 +23,7 @@ from analysis.keys import fields, metric_key
 from analysis.results import VAL_LOSS, Result, capped_loss, common_grid, heldout_loss
 from analysis.runs import Run, RunsError, latest_eval, layer_values
 from analysis.study_plan import best_rate
+from analysis.unigram import run_unigram_loss
 from training.run_record import flatten
 
 STREAM_RMS = metric_key("act/layers.{i}/stream_rms")
@@ -32,8 +33,8 @@ GRAD_BY_LAYER = metric_key("grad/{part}").replace("{part}", "layers.{i}")
 SATURATED = metric_key("act/{norm}/saturated")
 
 # A variant trained when its best loss is at least this far (nats) below the unigram loss of the
-# validation windows (runtime.unigram_val_loss); runs recorded before that line existed fall back
-# to UNTRAINED_GAP above the baseline's best. Either way, a variant that did not train has a low
+# validation windows (analysis/unigram.py); runs with no line recorded (neither by the run nor by its
+# study) fall back to UNTRAINED_GAP above the baseline's best. Either way, a variant that did not train has a low
 # LR sensitivity only because every rate is equally poor.
 TRAINED_MARGIN = 0.3
 UNTRAINED_GAP = 0.5
@@ -149,7 +150,7 @@ class Study:
         self.cells: dict[tuple[str, float, int], Result] = {(r.variant, r.lr, r.seed): r for r in results}
         self.lrs = sorted({r.lr for r in results})
         base = self.summaries[baseline]
-        self.unigram_loss = next((r.run.config["runtime"].get("unigram_val_loss") for r in results), None)
+        self.unigram_loss = next((u for r in results if (u := run_unigram_loss(r.run)) is not None), None)
         if self.unigram_loss is not None:
             line = self.unigram_loss - TRAINED_MARGIN
             self.untrained = {v for v, s in self.summaries.items() if s.selection_best > line}

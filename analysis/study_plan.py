@@ -71,7 +71,9 @@ def on_grid(lr: float, per_decade: int) -> float:
         return lr
     k = round(math.log10(lr) * per_decade)
     if abs(math.log10(lr) * per_decade - k) > 0.05:
-        raise ValueError(f"learning rate {lr:g} is not on the grid of {per_decade} rates a decade (10^(k/{per_decade}))")
+        raise ValueError(
+            f"learning rate {lr:g} is not on the grid of {per_decade} rates a decade (10^(k/{per_decade}))"
+        )
     return 10 ** (k / per_decade)
 
 

@@ -29,13 +29,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from analysis.runs import BASELINE, default_baseline
-from model import Transformer
+from model import build_model
 from model.blocks import BLOCKS
 from norms import NORM_NAMES
 from training.config import build_model_config, register_configs
 from training.distributed import Distributed
 from training.optim import build_optimizer
-from training.qk_clip import qk_clip, track_max_logits
+from training.post_step import post_step_hooks
 from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -60,7 +60,7 @@ def default_variants() -> list[str]:
     """Every registered norm pre-norm, then the baseline's other placements and QK-norm."""
     base = f"norm={BASELINE}"
     variants = [f"norm={name}" for name in NORM_NAMES]
-    variants += [f"{base} norm.placement={p}" for p, block in BLOCKS.items() if p != "pre" and not block.on_sphere]
+    variants += [f"{base} norm.placement={p}" for p in BLOCKS if p != "pre"]
     variants += ["norm=ngpt"]  # nGPT's block, L2 norm, untied embeddings and per-step renormalization
     variants += [f"{base} norm.qk={BASELINE}", f"{base} norm.placement=reordered norm.qk={BASELINE} norm.qk_axis=all"]
     variants += [f"{base} {switch}" for switch in SWITCHES]
@@ -76,11 +76,10 @@ class Variant:
         self.label = cfg.variant
         self.precision = resolve_precision(cfg.train.precision, device)
         seed_everything(cfg.seed)
-        self.model = Transformer(build_model_config(cfg, cfg.data.vocab_size)).to(device)
+        self.model = build_model(build_model_config(cfg, cfg.data.vocab_size)).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train, device)
-        self.grad_clip, self.z_loss, self.qk_clip = cfg.train.grad_clip, cfg.train.z_loss, cfg.train.qk_clip
-        if self.qk_clip is not None:  # as training does it: the step's largest logits, then the clip
-            track_max_logits(self.model)
+        self.grad_clip, self.z_loss = cfg.train.grad_clip, cfg.train.z_loss
+        self.post_step_hooks = post_step_hooks(self.model, cfg.train, Distributed())  # as training runs them
         compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
         self.step_model = torch.compile(self.model) if compile_model else self.model
         self.autocast = autocast_context(self.precision, device)
@@ -94,9 +93,8 @@ class Variant:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            self.model.normalize_weights()  # nGPT's renormalization, as training runs it (nothing for others)
-            if self.qk_clip is not None:
-                qk_clip(self.model, self.qk_clip, Distributed())
+            for hook in self.post_step_hooks:  # nGPT's renormalization, QK-clip
+                hook()
         if tokens.device.type == "cuda":
             torch.cuda.synchronize(tokens.device)
 

@@ -35,6 +35,7 @@ from analysis.study import skip_deltas
 from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs, report_seeds
 from analysis.study_report import write_report
 from analysis.study_spec import StudySpecError, load_study_spec
+from analysis.unigram import compute_unigram_val_loss
 from training.config import register_configs
 from training.cpu_threads import concurrent_jobs
 
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir = ROOT / cfg.hydra.sweep.dir if not Path(cfg.hydra.sweep.dir).is_absolute() else Path(cfg.hydra.sweep.dir)
     at_once = concurrent_jobs(OmegaConf.to_container(cfg.hydra.launcher), os.cpu_count() or 1)
     record = {
+        "unigram_val_loss": None if args.dry_run else compute_unigram_val_loss(cfg),  # the line "trained" reads
         "learning_rates": rates,
         "variants": variants,
         "models": models,

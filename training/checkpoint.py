@@ -24,12 +24,13 @@ import torch
 
 from model.config import ModelConfig
 from training.atomic import atomic_write
+from training.errors import NormlabError
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(NormlabError, ValueError):
     """A checkpoint that cannot be used here; the message says why and what to do."""
 
 

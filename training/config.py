@@ -8,7 +8,6 @@ understood by every version we support).
 
 import dataclasses
 import enum
-import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035
@@ -19,7 +18,8 @@ from omegaconf import MISSING, OmegaConf
 from model.blocks import PLACEMENTS
 from model.config import DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
 from model.norm_roles import QK_AXES, ROLES
-from norms import GAINS, NORM_NAMES, norm_class, norm_options
+from norms import GAINS
+from training.errors import NormlabError
 from training.loggers import WANDB_MODES
 from training.nonfinite import NAN_POLICIES
 from training.optim import MUON_LR_ADJUSTMENTS, OPTIMIZERS, WEIGHT_DECAY_MODES
@@ -30,7 +30,7 @@ from training.variant import label_keys
 # ruff: noqa: UP006, UP045
 
 
-class ConfigError(ValueError):
+class ConfigError(NormlabError, ValueError):
     """A config value that cannot work; the message names the key to change."""
 
 
@@ -61,7 +61,6 @@ InitOutScale = _choice("InitOutScale", INIT_OUT_SCALES)
 WeightDecayMode = _choice("WeightDecayMode", WEIGHT_DECAY_MODES)
 OptimizerName = _choice("OptimizerName", OPTIMIZERS)
 MuonLRAdjustment = _choice("MuonLRAdjustment", MUON_LR_ADJUSTMENTS)
-CHOICES = {"gain": Gain}  # norm options with a fixed set of values
 
 
 def plain(value):
@@ -69,35 +68,26 @@ def plain(value):
     return value.value if isinstance(value, Choice) else value
 
 
-def _norm_option_fields() -> list[tuple[str, Any, Any]]:
-    """Every option that some registered norm takes, typed from its default value, defaulting to None.
+@dataclass
+class NormOptions:
+    """Every option some registered norm takes (norms/: each class's keyword arguments), None meaning the
+    norm type's own default. An option the chosen type does not take is refused before any data loads;
+    tests/unit/training/test_config.py checks that these are exactly the registered norms' options."""
 
-    So a newly registered norm's options are config keys with no edit here. None means "the
-    norm type's own default"; a key whose norms disagree on its type (or default to None) is Any.
-    """
-    types: dict[str, set[type]] = {}
-    for name in NORM_NAMES:
-        parameters = inspect.signature(norm_class(name).__init__).parameters
-        for option in norm_options(name):
-            default = parameters[option].default
-            types.setdefault(option, set()).update({type(default)} if default is not None else set())
-    return [
-        (option, Optional[CHOICES.get(option) or found.pop()] if len(found) == 1 else Any, field(default=None))
-        for option, found in types.items()
-    ]
+    eps: Optional[float] = None
+    p: Optional[float] = None  # pRMSNorm: the share of features its statistic reads
+    k: Optional[int] = None  # pRMSNorm: or their count
+    bias: Optional[bool] = None
+    cast_before_weight: Optional[bool] = None
+    gain: Optional[Gain] = None  # type: ignore[valid-type]  # standard | one_plus | none
+    alpha_init: Optional[float] = None  # DyT, Derf
+    shift_init: Optional[float] = None  # Derf
 
+    def options(self) -> Dict[str, Any]:
+        """The options given a value (the others keep the norm type's default)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(NormOptions)}  # not a subclass' fields
+        return {name: plain(value) for name, value in values.items() if value is not None}
 
-def _set_options(options) -> Dict[str, Any]:
-    """The options given a value (the others keep the norm type's default)."""
-    return {
-        f.name: plain(getattr(options, f.name))
-        for f in dataclasses.fields(NormOptions)
-        if getattr(options, f.name) is not None
-    }
-
-
-# Options of the norm modules: eps, p, k, bias, cast_before_weight, gain, alpha_init, shift_init, ...
-NormOptions = dataclasses.make_dataclass("NormOptions", _norm_option_fields(), namespace={"options": _set_options})
 
 # Options for one role alone, e.g. norm.roles.attn_in.alpha_init=0.8 (typed: a misspelled role or
 # option is refused at composition).
@@ -223,6 +213,9 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 100
     stats_every: int = 50
+    # the probe pass's probes: the core's by name (norm_io, stream, attention, logits: training/probes/), any
+    # other as package.module:Class. By default what each norm sees and emits, and the residual stream.
+    probes: List[str] = field(default_factory=lambda: ["norm_io", "stream"])
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     nan_policy: NanPolicy = NanPolicy.stop  # type: ignore[valid-type]  # stop (error) | skip (up to max_skipped_steps) | record (end the run, diverged: true)
@@ -260,29 +253,6 @@ class Config:
     resume_with_changes: List[str] = field(default_factory=list)
 
 
-@dataclass
-class EvalConfig:
-    """eval.py: checkpoints in, metrics, samples and activation statistics out."""
-
-    checkpoint: Any = MISSING  # a run directory or .pt file, a glob of them (runs/outliers/*), or a list
-    data: Optional[DataConfig] = None  # None: each run's own data config (choose another with data=<name>)
-    val_windows: Optional[int] = None  # None: the run's data.val_windows
-    batch_size: int = 16
-    prompt: str = "In the beginning"
-    max_new_tokens: int = 64
-    num_samples: int = 2
-    temperature: float = 0.8
-    top_k: Optional[int] = 50
-    sample_seed: int = 0
-    # fake-quantized evaluations beside the float one (model/quantize.py): w8a8, w8a8_tensor, w4a16, fp8
-    quant: List[str] = field(default_factory=list)
-    # per block: the val/loss with it replaced by the identity minus the plain loss, and its angular distance
-    layer_importance: bool = False
-    device: str = "auto"
-    precision: Precision = Precision.auto  # type: ignore[valid-type]
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-
-
 VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faster matmuls
 
 
@@ -314,4 +284,3 @@ def register_configs() -> None:
     register_run_name_resolvers(RUN_NAME_KEYS)
     store = ConfigStore.instance()
     store.store(name="normlab_schema", node=Config)
-    store.store(name="eval_schema", node=EvalConfig)

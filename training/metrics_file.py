@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from training.atomic import atomic_write_text
+from training.errors import NormlabError
 
 
-class MetricsFileError(ValueError):
+class MetricsFileError(NormlabError, ValueError):
     """A metrics.jsonl damaged in the middle; the message names the file and the line."""
 
 

@@ -8,16 +8,27 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
+
+from training.errors import NormlabError
 
 log = logging.getLogger(__name__)
 
 NAN_POLICIES = ("stop", "skip", "record")
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(NormlabError, RuntimeError):
     """The loss or gradient became NaN/Inf and the nan_policy says stop."""
+
+
+class StepAction(enum.Enum):
+    """What the loop does with a step's update."""
+
+    APPLY = "apply"  # finite: take the optimizer step
+    SKIP = "skip"  # drop this step's update and go on
+    END = "end"  # record the divergence and stop the run
 
 
 class NonFinitePolicy:
@@ -26,23 +37,22 @@ class NonFinitePolicy:
         self.skipped = 0
         self.last_finite_loss: float | None = None
 
-    def check(self, step: int, loss: float, grad_norm: float, last_checkpoint) -> str:
-        """``"apply"`` (finite: take the step), ``"skip"``, or ``"end"`` (record the divergence and stop);
-        raises ``TrainingDiverged`` under ``stop``."""
+    def check(self, step: int, loss: float, grad_norm: float, last_checkpoint) -> StepAction:
+        """What to do with the step's update; raises ``TrainingDiverged`` under ``stop``."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.last_finite_loss = loss
-            return "apply"
+            return StepAction.APPLY
         self.skipped += 1
         if self.policy == "skip" and self.skipped <= self.max_skipped:
             log.warning(
                 "step %d: non-finite loss, step skipped (%d of %d allowed)", step, self.skipped, self.max_skipped
             )
-            return "skip"
+            return StepAction.SKIP
         if self.policy == "record":
             log.warning(
                 "step %d: loss %s, grad norm %s; the run diverged and ends here (recorded)", step, loss, grad_norm
             )
-            return "end"
+            return StepAction.END
         raise TrainingDiverged(
             f"loss became {loss} (grad norm {grad_norm}) at step {step}. Last good checkpoint: "
             f"{last_checkpoint or 'none yet'}. Lower train.lr or raise train.warmup_steps and rerun, "

@@ -12,6 +12,7 @@ key with a clipped one shrinks by at most sqrt(min gamma): conservative, never a
 The logits are the raw q k^T / sqrt(d) (before any soft-cap: what the weights produce), the
 maximum over every micro-batch of the step and every process. With QK-norm the projections'
 scale is normalized away, so the two are not combined (train.qk_clip is refused with norm.qk).
+``train.qk_clip`` registers ``QKClip`` as a post-step hook (training/post_step.py).
 """
 
 from __future__ import annotations
@@ -59,3 +60,20 @@ def qk_clip(model: nn.Module, tau: float, dist: Distributed) -> int:
         clipped += clip_heads(attention, max_logits, tau)
         attention.max_logits.fill_(float("-inf"))
     return clipped
+
+
+class QKClip:
+    """QK-clip at ``tau`` as a post-step hook: built before the model is compiled (its attentions then keep
+    their largest logits), called after every optimizer step, reporting the heads it clipped."""
+
+    def __init__(self, model: nn.Module, tau: float, dist: Distributed) -> None:
+        if model.on_sphere:
+            raise ValueError(
+                "train.qk_clip rescales the q and k projections, which nGPT renormalizes after every step "
+                "(its logits are bounded by s_qk^2 sqrt(d_head)): drop train.qk_clip"
+            )
+        self.model, self.tau, self.dist = model, tau, dist
+        track_max_logits(model)
+
+    def __call__(self) -> dict[str, float]:
+        return {"train/qk_clipped_heads": qk_clip(self.model, self.tau, self.dist)}

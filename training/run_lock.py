@@ -17,10 +17,12 @@ import socket
 import sys
 from pathlib import Path
 
+from training.errors import NormlabError
+
 LOCK_FILE = ".lock"
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(NormlabError, RuntimeError):
     """Another live process is training in this run directory."""
 
 

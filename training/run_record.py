@@ -24,6 +24,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from training.atomic import atomic_write_text
+from training.errors import NormlabError
 from training.variant import variant_label
 
 RECORD = "config.yaml"
@@ -39,6 +40,7 @@ FREE_KEYS = (
     "train.log_every",
     "train.eval_every",
     "train.stats_every",
+    "train.probes",
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.perf_warmup_steps",
@@ -63,7 +65,7 @@ _WHY = {
 }
 
 
-class RunIdentityError(ValueError):
+class RunIdentityError(NormlabError, ValueError):
     """The run directory holds a run of another configuration; the message says what differs."""
 
 

@@ -17,8 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from model import ModelConfig, Transformer
-from norms.cpu import flush_denormals
+from model import ModelConfig, Transformer, build_model
+from norms.cpu.rms_norm import flush_denormals
 from training.batches import split_global_batch
 from training.checkpoint import (
     CheckpointError,
@@ -36,11 +36,12 @@ from training.distributed import Distributed
 from training.loggers import Loggers, open_loggers
 from training.metrics_file import diverged_step, read_metrics
 from training.nonfinite import NonFinitePolicy
-from training.optim import MuonWithAdamW, build_optimizer, optimizer_groups
-from training.qk_clip import track_max_logits
+from training.optim import build_optimizer, optimizer_groups
+from training.post_step import PostStepHook, post_step_hooks
+from training.probes import Probe, resolve_probe
 from training.run_record import check_resume
 from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
-from training.throughput import ThroughputMeter, peak_flops
+from training.throughput import PeakFlops, ThroughputMeter, peak_flops
 
 log = logging.getLogger("normlab.train")
 
@@ -55,14 +56,18 @@ class RunSettings:
     seq_len: int
     global_batch: int
     accum: int
+    probes: list[type[Probe]]  # train.probes, resolved
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainingRun:
+    """Everything the loop in train.py reads: the config and its checked settings, the data, the model in
+    its three views, the optimizer where the run resumes, the hooks after each step, and the run's sinks."""
+
     cfg: DictConfig
     run_dir: Path
     device: torch.device
@@ -73,11 +78,12 @@ class TrainingRun:
     compiled: torch.nn.Module  # what steps and evaluation run (torch.compile'd when on)
     train_model: torch.nn.Module  # compiled, wrapped in DDP under torchrun
     model_cfg: ModelConfig
-    optimizer: torch.optim.Optimizer | MuonWithAdamW
-    start_step: int
+    optimizer: torch.optim.Optimizer  # or training.muon.MuonWithAdamW, which steps like one
+    post_step_hooks: list[PostStepHook]  # after every optimizer step (training/post_step.py)
+    start_step: int  # 0, or the step of the checkpoint it resumed from
     resumed_from: Path | None
-    elapsed_before: float
-    run_config: dict
+    elapsed_before: float  # training seconds before this process, across resumes
+    run_config: dict  # the record: the resolved config and runtime:, stored in every checkpoint
     loggers: Loggers
     meter: ThroughputMeter
     nonfinite: NonFinitePolicy
@@ -119,10 +125,11 @@ def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -
     check_logit_controls(cfg)
     try:  # the model on the meta device (no memory, no data): a bad norm choice fails here, first
         with torch.device("meta"):
-            Transformer(build_model_config(cfg, cfg.data.vocab_size))
+            post_step_hooks(build_model(build_model_config(cfg, cfg.data.vocab_size)), cfg.train, dist)
+        probes = [resolve_probe(name) for name in cfg.train.probes]
     except ValueError as err:
         raise ConfigError(f"model/norm config: {err}") from err
-    return RunSettings(precision, cpu_threads, threads_why, seq_len, global_batch, accum)
+    return RunSettings(precision, cpu_threads, threads_why, seq_len, global_batch, accum, probes)
 
 
 def check_logit_controls(cfg: DictConfig) -> None:
@@ -137,11 +144,6 @@ def check_logit_controls(cfg: DictConfig) -> None:
             raise ConfigError(
                 "train.qk_clip rescales the q and k projections, which QK-norm normalizes away: "
                 "use one of train.qk_clip and norm.qk, not both"
-            )
-        if cfg.norm.placement == "ngpt":
-            raise ConfigError(
-                "train.qk_clip rescales the q and k projections, which nGPT renormalizes after every step "
-                "(its logits are bounded by s_qk^2 sqrt(d_head)): drop train.qk_clip"
             )
 
 
@@ -178,15 +180,14 @@ def load_data(cfg: DictConfig, settings: RunSettings, dist: Distributed) -> Data
     return data
 
 
-def build_model(cfg: DictConfig, data: Data, device: torch.device) -> tuple[Transformer, ModelConfig]:
+def seeded_model(cfg: DictConfig, data: Data, device: torch.device) -> tuple[Transformer, ModelConfig]:
+    """The model, drawn from the run's seed: runs of one seed start from the same weights whatever the norm."""
     seed_everything(cfg.seed)
     try:
         model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size())
-        model = Transformer(model_cfg).to(device)
+        model = build_model(model_cfg).to(device)
     except ValueError as err:  # a bad model shape or norm option
         raise ConfigError(f"model/norm config: {err}") from err
-    if cfg.train.qk_clip is not None:
-        track_max_logits(model)
     return model, model_cfg
 
 
@@ -214,15 +215,7 @@ def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data,
 
 
 def runtime_record(
-    model: Transformer,
-    model_cfg: ModelConfig,
-    settings: RunSettings,
-    device,
-    dist,
-    compiled: bool,
-    peak,
-    unigram_loss: float,
-    optimizer,
+    model: Transformer, settings: RunSettings, device, dist, compiled: bool, peak: PeakFlops, optimizer
 ) -> dict:
     """What actually ran, recorded as ``runtime:`` in the run's config.yaml."""
     return {
@@ -234,12 +227,11 @@ def runtime_record(
         "world_size": dist.world_size,
         "grad_accum": settings.accum,
         "global_batch_tokens": settings.tokens_per_step,
-        "vocab_size": model_cfg.vocab_size,
-        "unigram_val_loss": unigram_loss,
+        "vocab_size": model.cfg.vocab_size,
         "params": sum(p.numel() for p in model.parameters()),
         "flops_per_token": model.flops_per_token(settings.seq_len),
-        "peak_flops": peak[0],
-        "peak_flops_source": peak[1],
+        "peak_flops": peak.flops,
+        "peak_flops_source": peak.source,
         "torch": str(torch.__version__),
         "compiled": compiled,
         "optimizer_groups": optimizer_groups(optimizer, model),
@@ -257,19 +249,20 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
             log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
             return None
     data = load_data(cfg, settings, dist)
-    model, model_cfg = build_model(cfg, data, device)
+    model, model_cfg = seeded_model(cfg, data, device)
     optimizer = build_optimizer(model, cfg.train, device)
     start_step, resumed_from, elapsed_before = restore(run_dir, model, optimizer, model_cfg, data, cfg, dist)
     if resumed_from and start_step >= cfg.train.max_steps:
         log.info("%s finished at step %d: nothing to train (a rerun of a sweep skips it)", run_dir, start_step)
         return None
+    hooks = post_step_hooks(model, cfg.train, dist)  # before compiling: a hook may set the model up
     use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
     compiled = torch.compile(model) if use_compile else model
     train_model = compiled
     if dist.enabled:
         train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
     peak = peak_flops(device, settings.precision, cfg.train.peak_flops)
-    runtime = runtime_record(model, model_cfg, settings, device, dist, use_compile, peak, data.unigram_loss, optimizer)
+    runtime = runtime_record(model, settings, device, dist, use_compile, peak, optimizer)
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
     loggers = Loggers([])
     if dist.is_main:
@@ -277,22 +270,30 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
             resume_entry.update(step=start_step, checkpoint=str(resumed_from) if resumed_from else None)
         loggers = open_loggers(cfg, run_dir, run_config, data, resume_entry)
         log_start(cfg, runtime, settings, device, dist, start_step if resumed_from else None)
-    meter = ThroughputMeter(runtime["flops_per_token"], peak[0] * dist.world_size, cfg.train.perf_warmup_steps)
-    nonfinite = NonFinitePolicy(cfg.train.nan_policy, cfg.train.max_skipped_steps)
     return TrainingRun(
-        cfg, run_dir, device, dist, settings, data, model, compiled, train_model, model_cfg, optimizer,
-        start_step, resumed_from, elapsed_before, run_config, loggers, meter, nonfinite,
-    )  # fmt: skip
+        cfg=cfg,
+        run_dir=run_dir,
+        device=device,
+        dist=dist,
+        settings=settings,
+        data=data,
+        model=model,
+        compiled=compiled,
+        train_model=train_model,
+        model_cfg=model_cfg,
+        optimizer=optimizer,
+        post_step_hooks=hooks,
+        start_step=start_step,
+        resumed_from=resumed_from,
+        elapsed_before=elapsed_before,
+        run_config=run_config,
+        loggers=loggers,
+        meter=ThroughputMeter(runtime["flops_per_token"], peak.flops * dist.world_size, cfg.train.perf_warmup_steps),
+        nonfinite=NonFinitePolicy(cfg.train.nan_policy, cfg.train.max_skipped_steps),
+    )
 
 
 def log_start(cfg: DictConfig, runtime: dict, settings: RunSettings, device, dist, resumed_at: int | None) -> None:
-    if cfg.norm.placement == "ngpt" and (cfg.train.weight_decay or cfg.train.warmup_steps):
-        log.info(
-            "nGPT with train.weight_decay=%g and train.warmup_steps=%d: the paper trains without either; decay "
-            "shrinks matrices that are renormalized after every step, so it acts only on the learned scales",
-            cfg.train.weight_decay,
-            cfg.train.warmup_steps,
-        )
     log.info(
         "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d), %d CPU threads (%s)%s",
         cfg.run_name,

@@ -6,6 +6,7 @@ import logging
 import resource
 import sys
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -51,17 +52,24 @@ def measure_matmul_peak(device: torch.device, size: int = 1024, seconds: float =
     return best
 
 
-def peak_flops(device: torch.device, precision: str, override: float | None) -> tuple[float, str]:
-    """(peak FLOP/s, where the number came from) for MFU."""
+class PeakFlops(NamedTuple):
+    """The device's peak FLOP/s that MFU divides by, and where the number came from."""
+
+    flops: float
+    source: str
+
+
+def peak_flops(device: torch.device, precision: str, override: float | None) -> PeakFlops:
+    """The peak for MFU: ``train.peak_flops``, a GPU's datasheet, or a measured float32 matmul."""
     if override:
-        return override, "train.peak_flops"
+        return PeakFlops(override, "train.peak_flops")
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, flops in GPU_PEAK_BF16.items():
             if key in name:
                 # float32 matmuls run as TF32 on tensor cores: half the bf16 rate.
-                return (flops if precision == "bf16" else flops / 2), f"datasheet ({key})"
-    return measure_matmul_peak(device), "measured fp32 matmul"
+                return PeakFlops(flops if precision == "bf16" else flops / 2, f"datasheet ({key})")
+    return PeakFlops(measure_matmul_peak(device), "measured fp32 matmul")
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.blocks import NGPTBlock
+from model.ngpt import NGPTBlock
 from training.probes.base import Probe
 
 

@@ -15,6 +15,7 @@ class NormTime(Probe):
     time ends before any statistic of another probe is computed on that norm's output."""
 
     keys = ("perf/norm_forward_ms", "perf/norm_time_frac")
+    attach_order = -1
 
     def attach(self, model: nn.Module) -> None:
         self.norm_seconds = 0.0

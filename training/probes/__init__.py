@@ -2,42 +2,30 @@
 
 Each probe (one class, one file) attaches forward hooks, collects its values and declares the
 keys it writes. The pass runs in eval mode, under ``torch.no_grad``, on the uncompiled model,
-so the training steps in between carry no hooks and no cost. Adding a metric is adding a
-probe class to ``PROBES``.
+so the training steps in between carry no hooks and no cost. A run chooses its probes by config,
+``train.probes``: the core's below by name, any other (the studies', analysis/probes/, or one of
+your own) by its import path ``package.module:Class``. Each is imported only when chosen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 
 import torch
 from torch import nn
 
-from training.probes.attention import AttentionLogits
-from training.probes.attention_sinks import AttentionSinks
-from training.probes.base import Probe, feature_kurtosis, sync
-from training.probes.gradients import GRADIENT_KEYS, layer_grad_norms
-from training.probes.layer_importance import LayerImportance
-from training.probes.logits import OutputLogits
-from training.probes.massive import MassiveActivations
-from training.probes.ngpt import NGPTScales
-from training.probes.norm_io import NormInputOutput
-from training.probes.stream import ResidualStream
-from training.probes.timing import NormTime
+from training.probes.base import Probe, sync
+from training.probes.gradients import GRADIENT_KEYS
 
-# NormTime first: its hooks then run before any other probe's on the same module.
-PROBES: tuple[type[Probe], ...] = (
-    NormTime,
-    NormInputOutput,
-    ResidualStream,
-    LayerImportance,
-    MassiveActivations,
-    AttentionLogits,
-    AttentionSinks,
-    OutputLogits,
-    NGPTScales,
-)
+# The core's probes: what each norm sees and emits, the residual stream, attention logits, output logits.
+PROBES = {
+    "norm_io": "training.probes.norm_io:NormInputOutput",
+    "stream": "training.probes.stream:ResidualStream",
+    "attention": "training.probes.attention:AttentionLogits",
+    "logits": "training.probes.logits:OutputLogits",
+}
 
 # Keys the training loop and the evaluation write themselves.
 LOOP_KEYS = (
@@ -63,15 +51,34 @@ LOOP_KEYS = (
 )
 
 
+def resolve_probe(name: str) -> type[Probe]:
+    """The probe class a ``train.probes`` entry names: a core probe's name, or ``package.module:Class``."""
+    path = PROBES.get(name, name)
+    module, _, attribute = path.partition(":")
+    if not attribute:
+        raise ValueError(
+            f"train.probes: {name!r} is neither a core probe ({', '.join(PROBES)}) nor a path package.module:Class"
+        )
+    try:
+        probe = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"train.probes: {name!r} cannot be imported ({err})") from None
+    if not (isinstance(probe, type) and issubclass(probe, Probe)):
+        raise ValueError(f"train.probes: {name!r} is not a probe (a subclass of training.probes.base.Probe)")
+    return probe
+
+
 def declared_keys() -> tuple[str, ...]:
-    """Every key template that training writes: the loop's, the gradients', and each probe's."""
-    return LOOP_KEYS + GRADIENT_KEYS + tuple(key for probe in PROBES for key in probe.keys)
+    """Every key template that the core writes: the loop's, the gradients', and each core probe's."""
+    return LOOP_KEYS + GRADIENT_KEYS + tuple(key for name in PROBES for key in resolve_probe(name).keys)
 
 
 @torch.no_grad()
-def run_probes(model: nn.Module, inputs: torch.Tensor, autocast: contextlib.AbstractContextManager) -> dict:
-    """One eval-mode forward of ``inputs`` with every probe attached; returns their metrics."""
-    probes = [probe() for probe in PROBES]
+def run_probes(
+    model: nn.Module, inputs: torch.Tensor, autocast: contextlib.AbstractContextManager, probe_types
+) -> dict:
+    """One eval-mode forward of ``inputs`` with each probe of ``probe_types`` attached; returns their metrics."""
+    probes = [probe() for probe in sorted(probe_types, key=lambda probe: probe.attach_order)]
     was_training = model.training
     model.eval()
     try:
@@ -91,6 +98,3 @@ def run_probes(model: nn.Module, inputs: torch.Tensor, autocast: contextlib.Abst
         model.train(was_training)
         for probe in probes:
             probe.detach()
-
-
-__all__ = ["PROBES", "LOOP_KEYS", "Probe", "declared_keys", "feature_kurtosis", "layer_grad_norms", "run_probes"]

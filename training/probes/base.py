@@ -24,6 +24,7 @@ class Probe:
     """
 
     keys: ClassVar[tuple[str, ...]] = ()
+    attach_order: ClassVar[int] = 0  # lower attaches first, so its hooks on a module run before the others'
 
     def __init__(self) -> None:
         self.handles: list = []

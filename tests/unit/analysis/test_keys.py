@@ -5,9 +5,13 @@ import contextlib
 import pytest
 import torch
 
-from analysis.keys import UnknownMetricKey, fields, instances, metric_key
-from model import ModelConfig, Transformer
-from training.probes import PROBES, declared_keys, layer_grad_norms, run_probes
+from analysis.keys import UnknownMetricKey, every_declared_key, fields, instances, metric_key
+from analysis.probes import STUDY_PROBES
+from model import ModelConfig, build_model
+from training.probes import PROBES, resolve_probe, run_probes
+from training.probes.gradients import layer_grad_norms
+
+EVERY_PROBE = [resolve_probe(name) for name in (*PROBES, *STUDY_PROBES)]
 
 
 def test_a_reader_asking_for_an_undeclared_key_fails():
@@ -33,14 +37,14 @@ def test_the_probes_write_exactly_the_keys_they_declare():
     shape = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, mlp_multiple_of=16)
     written = set()
     for model in (
-        Transformer(ModelConfig(**shape, norm="dyt", qk_norm="rmsnorm")),
-        Transformer(ModelConfig(**shape, norm="l2norm", placement="ngpt", tie_embeddings=False)),
+        build_model(ModelConfig(**shape, norm="dyt", qk_norm="rmsnorm")),
+        build_model(ModelConfig(**shape, norm="l2norm", placement="ngpt", tie_embeddings=False)),
     ):
-        written |= set(run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext()))
+        written |= set(run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext(), EVERY_PROBE))
         model(torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))).objective.backward()
         written |= set(layer_grad_norms(model))
-    unmatched = sorted(k for k in written if not any(fields(t, k) is not None for t in declared_keys()))
+    unmatched = sorted(k for k in written if not any(fields(t, k) is not None for t in every_declared_key()))
     assert not unmatched, f"written but not declared: {unmatched}"
-    probe_templates = [t for probe in PROBES for t in probe.keys]
+    probe_templates = [t for probe in EVERY_PROBE for t in probe.keys]
     never = [t for t in probe_templates if not any(fields(t, k) is not None for k in written)]
     assert not never, f"declared but never written: {never}"

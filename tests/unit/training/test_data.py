@@ -1,7 +1,6 @@
 """The data pipeline, offline: default corpus, tokenizer and token caches, batches, bad input."""
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import torch
 from training.batches import TrainBatches, heldout_windows, validation_windows
 from training.config import DataConfig
 from training.corpus import DataError, load_splits
-from training.data import build_data, unigram_loss
+from training.data import build_data
 from training.token_cache import cache_key, token_array
 from training.tokenizer import get_tokenizer, token_byte_lengths, train_bpe
 
@@ -199,10 +198,3 @@ def test_heldout_windows_are_disjoint_from_the_selection_windows():
         heldout_windows(tokens, 63, 16, 16)
     with pytest.raises(DataError, match="cannot hold data.heldout_windows=4"):
         heldout_windows(np.arange(400, dtype=np.uint16), 63, 4, 5)  # 5 windows of 64 in 400 tokens: no room between
-
-
-def test_unigram_loss_by_hand():
-    # Training tokens 0, 0, 1 over a vocabulary of 3, add-one smoothed: p = 3/6, 2/6, 1/6.
-    windows = torch.tensor([[1, 0, 2]])  # targets 0 and 2
-    expected = -(math.log(3 / 6) + math.log(1 / 6)) / 2
-    assert unigram_loss(np.array([0, 0, 1], dtype=np.uint16), windows, 3) == pytest.approx(expected)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from model import ModelConfig, Transformer
-from training.optim import MuonWithAdamW, block_matrices, build_optimizer, optimizer_groups
+from training.muon import MuonWithAdamW, block_matrices
+from training.optim import build_optimizer, optimizer_groups
 
 CPU = torch.device("cpu")
 

@@ -8,11 +8,12 @@ import torch
 
 from model import ModelConfig, Transformer
 from model.attention import masked_scores
-from training.probes import feature_kurtosis, run_probes
+from training.probes import PROBES, resolve_probe, run_probes
 from training.probes.attention import attention_stats
-from training.probes.attention_sinks import sink_stats
-from training.probes.layer_importance import SkippedBlock, angular_distance, skip_deltas, skipping
-from training.probes.massive import massive_stats
+from training.probes.base import Probe, feature_kurtosis
+from training.probes.norm_io import NormInputOutput
+
+CORE_PROBES = [resolve_probe(name) for name in PROBES]
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -40,7 +41,7 @@ def test_attention_stats_by_hand():
 
 
 def _probe(model, tokens):
-    return run_probes(model, tokens, contextlib.nullcontext())
+    return run_probes(model, tokens, contextlib.nullcontext(), CORE_PROBES)
 
 
 def _rms(t):
@@ -94,64 +95,35 @@ def test_qk_norm_bounds_the_attention_logits():
     assert logits[None] > 10 * logits["rmsnorm"]
 
 
-def test_a_planted_massive_activation_is_found_at_its_position_and_feature():
-    torch.manual_seed(0)
-    h = torch.randn(2, 16, 32)
-    h[1, 5, 17] = -2000.0
-    stats = massive_stats(h)
-    assert (stats["position"], stats["feature"]) == (5, 17)
-    assert stats["ratio"] == pytest.approx(2000.0 / h.abs().median().item())
-    assert massive_stats(torch.randn(4, 64, 64))["ratio"] < 10  # a Gaussian: about 4-5
+class _Order(Probe):
+    """Records which probe's hook on the final norm ran first."""
+
+    seen: list = []
+
+    def attach(self, model) -> None:
+        self.hook(model.final_norm, lambda *_: _Order.seen.append(type(self).__name__))
 
 
-def test_sink_mass_of_a_hand_made_attention_pattern():
-    # Two heads over 4 positions: head 0 puts 0.8 of every query's weight on position 0, head 1 attends to itself.
-    weights = torch.zeros(1, 2, 4, 4)
-    for q in range(4):
-        weights[0, 0, q, 0] = 0.8 if q else 1.0
-        weights[0, 0, q, q] += 0.2 if q else 0.0
-        weights[0, 1, q, q] = 1.0
-    stats = sink_stats(weights)
-    assert stats["sink_mass"] == pytest.approx((0.8 + 0.0) / 2)  # query 0 left out: it can only see itself
-    assert stats["sink_heads"] == 0.5  # one of two heads above 0.3
+class _First(_Order):
+    attach_order = -1
 
 
-def test_the_probe_pass_reports_sinks_and_massive_activations_per_layer():
-    torch.manual_seed(0)
-    model = Transformer(tiny())
-    metrics = _probe(model, torch.randint(0, 97, (2, 12)))
-    for i in range(2):
-        assert 0 <= metrics[f"attn/layers.{i}/sink_mass"] <= 1 and 0 <= metrics[f"attn/layers.{i}/sink_heads"] <= 1
-        assert metrics[f"act/layers.{i}/massive_ratio"] >= 1 and 0 <= metrics[f"act/layers.{i}/massive_position"] < 12
+def test_a_probe_is_chosen_by_name_or_by_its_import_path_and_attaches_in_its_order():
+    assert resolve_probe("norm_io") is NormInputOutput
+    assert resolve_probe("training.probes.norm_io:NormInputOutput") is NormInputOutput
+    _Order.seen.clear()
+    run_probes(Transformer(tiny()), torch.randint(0, 97, (1, 4)), contextlib.nullcontext(), [_Order, _First])
+    assert _Order.seen == ["_First", "_Order"]  # listed second, attached first
 
 
-def test_angular_distance_by_hand():
-    x = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])
-    assert angular_distance(x, 3 * x) == pytest.approx(0.0, abs=1e-7)  # same direction, any scale
-    assert angular_distance(x, -x) == pytest.approx(1.0)
-    turned = torch.tensor([[[0.0, 1.0], [0.0, 5.0]]])  # the first token turned by 90 degrees, the second not
-    assert angular_distance(x, turned) == pytest.approx((0.5 + 0.0) / 2)
-
-
-def test_the_probe_measures_each_blocks_input_against_its_output():
-    torch.manual_seed(0)
-    model = Transformer(tiny()).eval()
-    tokens = torch.randint(0, 97, (2, 8))
-    metrics = run_probes(model, tokens, contextlib.nullcontext())
-    with torch.no_grad():
-        x, cos, sin = model.embed(tokens), model.rope_cos[:8], model.rope_sin[:8]
-        for i, layer in enumerate(model.layers):
-            out = layer(x, cos, sin, None, 0)
-            assert metrics[f"act/layers.{i}/angular_distance"] == pytest.approx(angular_distance(x, out))
-            x = out
-
-
-def test_a_skipped_block_is_put_back_even_when_the_evaluation_fails():
-    model = Transformer(tiny())
-    block = model.layers[1]
-    with pytest.raises(RuntimeError), skipping(model, 1):
-        assert isinstance(model.layers[1], SkippedBlock)
-        raise RuntimeError("evaluation failed")
-    assert model.layers[1] is block
-    losses = iter([2.0, 2.5, 2.1])  # plain, without block 0, without block 1
-    assert skip_deltas(model, lambda m: next(losses)) == pytest.approx([0.5, 0.1])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("norm_iox", "is neither a core probe \\(norm_io, stream, attention, logits\\)"),
+        ("training.probes.norm_io:Missing", "cannot be imported"),
+        ("training.probes.base:rms_and_mean", "is not a probe"),
+    ],
+)
+def test_a_name_that_is_no_probe_is_refused_naming_the_choices(name, message):
+    with pytest.raises(ValueError, match=f"train.probes: '{name}' {message}"):
+        resolve_probe(name)

@@ -1,0 +1,6 @@
+"""The one base class of the errors a user can act on: train.py and eval.py print its message as one line
+and exit 1, where any other exception is a bug and keeps its traceback."""
+
+
+class NormlabError(Exception):
+    """A problem with the user's input (config, data, checkpoint, run directory) whose message names the fix."""
