@@ -29,12 +29,16 @@ The rule, the same for every claim and decided by the engine, never by hand:
    agrees or disagrees only where the adjusted p is below 0.05 as well.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035  # OmegaConf reads these annotations (the study spec schema)
 
+import numpy as np
+from scipy import stats
+
 from analysis.results import Result, read_plan
 from analysis.runs import RunsError
-from analysis.stats import EXPECTATIONS, holm, paired_comparison
+from analysis.stats import EXPECTATIONS, holm, paired_comparison, test_named
 from analysis.study import STATISTICS, Study, matches, seeds_for
 from training.run_record import flatten
 
@@ -155,6 +159,7 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
         difference=comparison.difference,
         ci95=comparison.ci95,
         p=comparison.p,
+        test=test_named(claim.expect, claim.margin),
         seeds=list(pairs),
         # each seed's values, in the order of ``seeds``: the paired test can be recomputed from the JSON
         values_arm=[a for a, _ in pairs.values()],
@@ -170,7 +175,7 @@ def with_holm(evaluated: list[dict]) -> list[dict]:
     """A study's evaluated claims as one family: ``p_holm`` (Holm's adjusted p over every claim that has a
     p) beside ``p``, and a verdict of agrees or disagrees kept only where ``p_holm`` < 0.05 too; a verdict
     that does not survive reads inconclusive, and ``reason`` says so with both p-values."""
-    tested = [c for c in evaluated if c.get("p") is not None]
+    tested = [c for c in evaluated if c.get("p") is not None and c["verdict"] != "not tested"]
     for claim, adjusted in zip(tested, holm([c["p"] for c in tested])):
         claim["p_holm"] = adjusted
         if claim["verdict"] in ("agrees", "disagrees") and not adjusted < FAMILY_ALPHA:
@@ -194,3 +199,50 @@ def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Cl
     for spec in specs:  # keys a claim no longer has (``not_tested``) are dropped: the rule above decides that
         found.setdefault(spec["claim"], Claim(**{k: v for k, v in spec.items() if k in known}))
     return list(found.values())
+
+
+def differences_like(mean: float, ci95: list[float], n: int) -> list[float]:
+    """``n`` per-seed differences with the mean and standard deviation that Student's t ``ci95`` over ``n``
+    seeds implies. A paired t comparison depends on the differences only through these three, so it gives the
+    same interval and p as the seeds' own values would; the values themselves are not recovered."""
+    sd = (ci95[1] - mean) / stats.t.ppf(0.975, n - 1) * n**0.5
+    unit = np.linspace(-1.0, 1.0, n)
+    return list(mean + sd * (unit - unit.mean()) / unit.std(ddof=1))
+
+
+def regrade(
+    claims: list[dict], untrained: Callable[[dict], list[str]], regime_fails: Callable[[dict], str | None]
+) -> list[dict]:
+    """A committed study's claims judged again by the current engine and family rule, from what its study.json
+    keeps (no runs needed). A claim whose arm did not train (``untrained(claim)`` names them) or whose model lies
+    outside its paper's regime (``regime_fails(claim)`` says why) is not tested; every other claim with per-seed
+    values is compared again from ``values_arm - values_against`` with its ``expect`` and ``margin``; then
+    Holm's correction over the tested ones. Each claim gains ``verdict_before``."""
+    for claim in claims:
+        claim["verdict_before"] = claim["verdict"]
+        if claim["verdict"] == "not tested":  # its reason (an edge, a bound, a regime) stands
+            continue
+        why = ", ".join(untrained(claim))
+        why = f"{why} did not train at any rate here" if why else regime_fails(claim)
+        if why:
+            for key in ("difference", "ci95", "p", "p_holm", "test", "value_arm", "value_against"):
+                claim.pop(key, None)
+            claim.update(verdict="not tested", reason=why)
+            continue
+        if claim.get("p") is None:
+            continue
+        claim.pop("reason", None)  # a tested claim's reason is the family's, given again below
+        if claim.get("values_arm") is not None:
+            differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+        else:  # written before claims kept their values: the same mean, spread and count, from the interval
+            seeds = claim["seeds"] if isinstance(claim["seeds"], int) else len(claim["seeds"])  # a count in old files
+            differences = differences_like(claim["difference"], claim["ci95"], seeds)
+        comparison = paired_comparison(differences, claim["expect"], claim.get("margin", 0.0))
+        claim.update(
+            difference=comparison.difference,
+            ci95=comparison.ci95,
+            p=comparison.p,
+            test=test_named(claim["expect"], claim.get("margin", 0.0)),
+            verdict=comparison.verdict,
+        )
+    return with_holm(claims)

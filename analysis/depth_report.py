@@ -18,7 +18,7 @@ import json
 import statistics
 from pathlib import Path
 
-from analysis.claims import claims_of, evaluate_claim
+from analysis.claims import claims_of, evaluate_claim, with_holm
 from analysis.format import interval, number
 from analysis.plots import error_bars, pyplot, save
 from analysis.results import Result, by_model, load_results, planned_grid
@@ -84,6 +84,7 @@ def by_depth(results: list[Result], baseline: str, inputs: list[str]) -> list[di
                 "claims": evaluated,
             }
         )
+    with_holm([c for row in rows for c in row["claims"]])  # the study's tested claims, at every depth: one family
     depths = [row["n_layers"] for row in rows]
     if len(set(depths)) != len(depths):
         raise RunsError(f"these runs have several models of one depth ({depths}); a depth study has one per depth")
@@ -145,7 +146,7 @@ def _claim_cell(c: dict) -> str:
     if c["verdict"] == "not tested":
         return f"not tested: {c['reason']}"
     difference = f"{c['difference']:+.3f}{interval(c.get('ci95'), '+.3f')}" if "difference" in c else "–"
-    return f"{difference}, p = {number(c.get('p'))}: **{c['verdict']}**"
+    return f"{difference}, p = {number(c.get('p'))} (Holm {number(c.get('p_holm'))}): **{c['verdict']}**"
 
 
 def write_depth_report(inputs: list[str], out: Path, metric: str, baseline: str) -> Path:

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from analysis.claims import claims_of, evaluate_claim
+from analysis.claims import claims_of, evaluate_claim, with_holm
 from analysis.format import interval, number
 from analysis.plots import error_bars, pyplot, save
 from analysis.results import Result, by_model, load_results, planned_grid
@@ -70,6 +70,7 @@ def by_size(results: list[Result], baseline: str, inputs: list[str]) -> list[dic
                 "claims": [c for c in claims if c["arm"] and c["against"]],
             }
         )
+    with_holm([c for row in rows for c in row["claims"]])  # the study's tested claims, at every size: one family
     return sorted(rows, key=lambda row: row["params"])
 
 
@@ -122,7 +123,7 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
     claim_lines = [
         f"- {row['model']}: {c['claim']}: {c['arm']} − {c['against']} = "
         + (f"{c['difference']:+.3f}{interval(c.get('ci95'))}" if "difference" in c else "–")
-        + f" over {len(c.get('seeds', []))} seeds (p = {number(c.get('p'))}): **{c['verdict']}**"
+        + f" over {len(c.get('seeds', []))} seeds (p = {number(c.get('p'))}, Holm {number(c.get('p_holm'))}): **{c['verdict']}**"
         + (f" ({c['reason']})" if c.get("reason") else "")
         for row in rows
         for c in row["claims"]

@@ -181,6 +181,15 @@ def paired_comparison(differences: Sequence[float], expect: str, margin: float =
     return Comparison(verdict, mean, (low, high), p, int(d.size))
 
 
+def test_named(expect: str, margin: float = 0.0) -> str:
+    """The test behind a verdict of ``paired_comparison``, in words a reader can recompute it from."""
+    if expect in ("lower", "higher"):
+        return "paired t-test of the per-seed differences against 0, two-sided"
+    if expect == "not_worse":
+        return f"paired t-test against the margin +{margin:g}, two-sided (non-inferiority: one-sided at 2.5%)"
+    return f"two one-sided paired t-tests against ±{margin:g}, each at 2.5% (p: twice the larger one-sided p)"
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (Holm 1979), in the order given: the k-th smallest p times
     (m - k + 1), made non-decreasing and capped at 1. Rejecting where the adjusted p < 0.05 keeps the

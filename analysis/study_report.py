@@ -30,7 +30,7 @@ import argparse
 import json
 from pathlib import Path
 
-from analysis.claims import claims_of, evaluate_claim
+from analysis.claims import claims_of, evaluate_claim, with_holm
 from analysis.format import interval, number
 from analysis.labels import shared_switches
 from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid
@@ -149,23 +149,30 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
     }
 
 
+def expectation(claim: dict) -> str:
+    """What a claim expects, with its margin where it has one: ``not_worse than +0.05``, ``similar within ±0.05``."""
+    if claim["expect"] == "not_worse":
+        return f"not worse than +{claim['margin']:g}"
+    return claim["expect"] + (f" within ±{claim['margin']:g}" if claim["expect"] == "similar" else "")
+
+
 def claims_table(claims: list[dict]) -> str:
     if not claims:
         return "The study's spec declares no claims (`claims:` in configs/study/<name>.yaml)."
     lines = [
         "| claim | source | statistic, where | arm vs against (mean over the seeds compared) | arm − against [95% CI] "
-        "| p | seeds | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| p | p (Holm) | seeds | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in claims:
         values = f"{number(c['value_arm'])} vs {number(c['value_against'])}" if "value_arm" in c else "–"
         difference = f"{c['difference']:+.3g}{interval(c.get('ci95'), '+.3g')}" if "difference" in c else "–"
         reason = f" ({c['reason']})" if c.get("reason") else ""
-        expect = c["expect"] + (f" within ±{c['margin']:g}" if c["expect"] == "similar" else "")
+        expect = expectation(c)
         lines.append(
             f"| {c['claim']} (expect {expect}) | {c['source']} | {c['statistic']}, {c['read']} | "
             f"{c['arm']} vs {c['against']}: {values} | {difference} | {number(c.get('p'))} | "
-            f"{len(c.get('seeds', []))} | **{c['verdict']}**{reason} |"
+            f"{number(c.get('p_holm'))} | {len(c.get('seeds', []))} | **{c['verdict']}**{reason} |"
         )
     return "\n".join(lines)
 
@@ -223,7 +230,7 @@ def write_report(
     others = {name: len(rs) for name, rs in models.items() if name != chosen}
     study = Study(results, baseline, planned_grid(inputs))
     summaries, lrs = study.summaries, study.lrs
-    evaluated = [evaluate_claim(claim, study) for claim in claims_of(results, inputs)]
+    evaluated = with_holm([evaluate_claim(claim, study) for claim in claims_of(results, inputs)])
     out.mkdir(parents=True, exist_ok=True)
     plot_loss_vs_lr(results, out / "loss_vs_lr.png")
     plot_loss_vs_step(results, {name: s.best_lr for name, s in summaries.items()}, out / "loss_vs_step.png")

@@ -6,9 +6,10 @@ import pytest
 import yaml
 from synthetic_studies import CLAIMS, PRE, QK, write_run, write_study
 
-from analysis.claims import Claim, claims_of, evaluate_claim, outside_regime, with_holm
+from analysis.claims import Claim, claims_of, differences_like, evaluate_claim, outside_regime, regrade, with_holm
 from analysis.results import load_results
 from analysis.runs import RunsError
+from analysis.stats import paired_comparison
 from analysis.study import Study, first_step_at
 
 GRID = {
@@ -222,3 +223,33 @@ def test_stream_growth_at_best_reads_each_arm_at_its_own_best_rate_on_the_report
     assert at_best["value_arm"] == pytest.approx(1.04) and at_best["value_against"] == pytest.approx(3.4)
     at_baseline_rate = evaluate_claim(Claim("flat", "t", "stream_growth", peri, PRE, "lower"), study)
     assert at_baseline_rate["seeds"] == [0, 1, 2] and at_baseline_rate["verdict"] == "disagrees"
+
+
+def test_differences_with_an_intervals_mean_spread_and_count_give_its_test_again():
+    measured = paired_comparison([0.1, 0.3, -0.05, 0.2, 0.12], "lower")
+    rebuilt = paired_comparison(differences_like(measured.difference, measured.ci95, 5), "lower")
+    assert rebuilt.ci95 == pytest.approx(measured.ci95) and rebuilt.p == pytest.approx(measured.p)
+
+
+def test_a_committed_claim_is_judged_again_and_an_untrained_arm_or_a_regime_leaves_it_untested():
+    def claim(name, values_arm, values_against, verdict="agrees", expect="lower"):
+        comparison = paired_comparison([a - b for a, b in zip(values_arm, values_against)], expect)
+        return dict(claim=name, arm=name, against="base", expect=expect, margin=0.0, verdict=verdict,
+                    difference=comparison.difference, ci95=comparison.ci95, p=comparison.p, seeds=[0, 1, 2],
+                    values_arm=values_arm, values_against=values_against)  # fmt: skip
+
+    strong = claim("strong", [1.0, 1.1, 1.2], [2.0, 2.11, 2.19])  # p far below 0.05
+    weak = claim("weak", [1.0, 1.0, 1.0], [1.5, 1.68, 1.32])  # p = 0.04: agrees alone, not second of three
+    null = claim("null", [1.0, 1.0, 1.0], [0.9, 1.1, 0.95], verdict="inconclusive")
+    failed = claim("failed", [9.0, 9.1, 9.2], [2.0, 2.1, 2.2], expect="higher")  # its arm never trained
+    kept = {**claim("edge", [1.0, 1.1, 1.3], [2.0, 2.0, 2.0]), "verdict": "not tested", "reason": "an edge"}
+    regraded = regrade(
+        [strong, weak, null, failed, kept],
+        untrained=lambda c: ["failed"] if c["arm"] == "failed" else [],
+        regime_fails=lambda c: None,
+    )
+    assert [c["verdict"] for c in regraded] == ["agrees", "inconclusive", "inconclusive", "not tested", "not tested"]
+    assert weak["p"] < 0.05 < weak["p_holm"] == pytest.approx(2 * weak["p"])
+    assert "p" not in failed and failed["reason"] == "failed did not train at any rate here"
+    assert kept["reason"] == "an edge" and "p_holm" not in kept
+    assert [c["verdict_before"] for c in regraded] == ["agrees", "agrees", "inconclusive", "agrees", "not tested"]

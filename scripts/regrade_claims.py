@@ -1,0 +1,104 @@
+"""Judge a committed study's claims again under the current verdict engine and Holm's family correction.
+
+    python scripts/regrade_claims.py docs/study/depth/study.json --spec stability_depth
+
+Reads the per-seed values every tested claim keeps, applies the engine's "not tested" rule where study.json
+says an arm did not train, or where the spec's regime (``--spec``) excludes the claim's model depth,
+recomputes each comparison, adds ``p_holm`` over the study's tested claims (one family), rewrites study.json, and appends to the report.md beside it a section
+that lists every tested claim's p, adjusted p and verdict before and after (the report's earlier claims
+table stays as the record of what it said).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from analysis.claims import outside_regime, regrade
+from analysis.format import number
+from analysis.study_spec import load_study_spec
+
+SECTION = "## Claims under Holm's correction"
+
+
+def study_claims(data: dict) -> list[dict]:
+    """Every claim in a study.json: its ``claims`` (every depth's, in a depth study), or each model's (``by_size``)."""
+    rows = data.get("by_size") or [data]
+    return [claim for row in rows for claim in row.get("claims", [])]
+
+
+def variants_at(data: dict, claim: dict) -> dict:
+    """The variant entries of the model a claim was read on (the claim's depth in a depth study)."""
+    if "by_depth" in data:
+        return next(row["variants"] for row in data["by_depth"] if row["n_layers"] == claim["n_layers"])
+    return data.get("variants", {})
+
+
+def section(claims: list[dict]) -> str:
+    tested = [c for c in claims if c.get("p_holm") is not None]
+    shown = [c for c in claims if c["verdict_before"] != "not tested"]
+    lines = [
+        SECTION,
+        "",
+        f"The study's {len(tested)} tested claims are one family: each verdict is judged again "
+        "(`scripts/regrade_claims.py`) from its per-seed values, or, where this study predates their record, from "
+        "its interval's mean, spread and seed count, which give the same paired t-test; and it agrees or disagrees "
+        "only where Holm's adjusted p is below 0.05 "
+        "as well; a claim whose arm did not train, or whose model lies outside its paper's regime, is not tested. "
+        "These rows supersede the verdicts above.",
+        "",
+        "| claim | where | p | p (Holm) | verdict before | verdict now |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in shown:
+        where = f"{c['n_layers']} layers" if "n_layers" in c else c.get("model", "–")
+        reason = f" ({c['reason']})" if c.get("reason") else ""
+        lines.append(
+            f"| {c['claim']} | {where} | {number(c.get('p'))} | {number(c.get('p_holm'))} | {c['verdict_before']} | "
+            f"**{c['verdict']}**{reason} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study_json", type=Path)
+    parser.add_argument("--spec", help="the study's spec (configs/study/<spec>.yaml): its claims' regimes, by depth")
+    args = parser.parse_args(argv)
+    path = args.study_json
+    if not path.is_file():
+        print(f"regrade_claims: no file {path}")
+        return 1
+    data = json.loads(path.read_text())
+    specs = {c.claim: c for c in load_study_spec(args.spec).claims} if args.spec else {}
+
+    def untrained(claim: dict) -> list[str]:
+        variants = variants_at(data, claim)
+        sides = [claim["arm"], claim["against"]]
+        return [v for v in sides if v is not None and variants.get(v, {}).get("trained") is False]
+
+    def regime_fails(claim: dict) -> str | None:
+        spec = specs.get(claim["claim"])
+        if spec is None or "n_layers" not in claim:
+            return None
+        why = outside_regime(spec, {"model.n_layers": claim["n_layers"]})
+        return None if why is None else f"outside the paper's regime: {why}"
+
+    claims = regrade(study_claims(data), untrained, regime_fails)
+    path.write_text(json.dumps(data, indent=1))
+    report = path.with_name("report.md")
+    if report.is_file():
+        text = report.read_text().split("\n" + SECTION)[0].rstrip() + "\n\n"
+        report.write_text(text + section(claims))
+    changed = [c for c in claims if c["verdict"] != c["verdict_before"]]
+    print(f"{path}: {len(changed)} of {len(claims)} verdicts changed")
+    for c in changed:
+        where = f" at {c['n_layers']} layers" if "n_layers" in c else ""
+        print(f"  {c['claim']}{where}: {c['verdict_before']} -> {c['verdict']} ({c.get('reason') or ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
