@@ -35,7 +35,7 @@ from analysis.keys import metric_key
 from analysis.labels import shared_switches, without_switches
 from analysis.plots import pyplot, save
 from analysis.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs
-from analysis.stats import paired_comparison, rank_correlation, t_interval
+from analysis.stats import holm, paired_comparison, rank_correlation, t_interval
 from analysis.study import TRAINED_MARGIN
 from analysis.unigram import run_unigram_loss
 
@@ -187,6 +187,9 @@ def summarize(points: list[Point], baseline: str) -> dict:
         else None
         for name in ("kurtosis", "massive_ratio")
     }
+    tested = [c for c in correlation.values() if c is not None]  # the two correlations are one family
+    for c, adjusted in zip(tested, holm([c["p"] for c in tested])):
+        c["p_holm"] = adjusted
     return {
         "baseline": baseline,
         "setup": setup(points),
