@@ -30,7 +30,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm: str = "rmsnorm"
     norm_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
-    placement: str = "pre"  # pre | post | peri | reordered | deepnorm | mix_ln (model/blocks.py)
+    placement: str = "pre"  # pre | post | peri | reordered | deepnorm | mix_ln (model/blocks.py) | ngpt (model/ngpt.py)
     layer_placements: Optional[List[str]] = None  # one placement per layer; overrides placement
     post_fraction: float = 0.25  # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers
     qk_norm: Optional[str] = None  # a norm type on q and k before RoPE, or None

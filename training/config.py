@@ -105,7 +105,7 @@ class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
     """
 
     name: str = MISSING  # the norm type, a registered name (norms/registry.py)
-    placement: Placement = Placement.pre  # type: ignore[valid-type]  # pre | post | peri | reordered (model/blocks.py)
+    placement: Placement = Placement.pre  # type: ignore[valid-type]  # model/blocks.py PLACEMENTS: pre | post | peri | reordered | deepnorm | mix_ln | ngpt
     qk: Optional[str] = None  # a norm type for q and k inside attention (QK-norm), or null for none
     qk_axis: QKAxis = QKAxis.head  # type: ignore[valid-type]  # head: per attention head (Qwen3) | all: over all heads (OLMo 2)
     roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
@@ -209,7 +209,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     precision: Precision = Precision.auto  # type: ignore[valid-type]  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
-    compile: Optional[bool] = None  # None: on for CUDA, and on CPU from train.CPU_COMPILE_MIN_STEPS steps
+    compile: Optional[bool] = None  # None: on for CUDA, and on CPU from training/runtime.py CPU_COMPILE_MIN_STEPS steps
     log_every: int = 10
     eval_every: int = 100
     stats_every: int = 50
