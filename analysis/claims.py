@@ -39,7 +39,7 @@ from scipy import stats
 from analysis.results import Result, read_plan
 from analysis.runs import RunsError
 from analysis.stats import EXPECTATIONS, holm, paired_comparison, test_named
-from analysis.study import STATISTICS, Study, matches, seeds_for
+from analysis.study import MIN_COMMON_RATES, STATISTICS, Study, matches, seeds_for
 from training.run_record import flatten
 
 # ruff: noqa: UP006, UP045
@@ -101,6 +101,8 @@ def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str
     untrained = sorted(set(variants) & study.untrained)
     if untrained:
         return f"{', '.join(untrained)} did not train at any rate here"
+    if claim.statistic == "lr_sensitivity" and len(study.grid) < MIN_COMMON_RATES:
+        return f"the variants share {len(study.grid)} rates, fewer than the {MIN_COMMON_RATES} a sensitivity compares"
     at_edge = sorted(v for v in set(variants) if not study.best_inside(v))
     if at_edge:
         return f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known"

@@ -38,6 +38,9 @@ SATURATED = metric_key("act/{norm}/saturated")
 # LR sensitivity only because every rate is equally poor.
 TRAINED_MARGIN = 0.3
 UNTRAINED_GAP = 0.5
+# LR sensitivity compares variants over the rates they all ran; with fewer in common (each arm on its
+# own grid) there is no curve to compare.
+MIN_COMMON_RATES = 3
 
 
 def matches(config_lookup, fields: dict[str, Any]) -> bool:

@@ -33,11 +33,21 @@ from pathlib import Path
 from analysis.claims import claims_of, evaluate_claim, with_holm
 from analysis.format import interval, number
 from analysis.labels import shared_switches
-from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid
+from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid, read_plan
 from analysis.runs import BASELINE, RunsError, report_command
 from analysis.stats import paired_comparison, t_interval
-from analysis.study import STATISTICS, TRAINED_MARGIN, UNTRAINED_GAP, Study, explanation, per_seed, seeds_for
+from analysis.study import (
+    MIN_COMMON_RATES,
+    STATISTICS,
+    TRAINED_MARGIN,
+    UNTRAINED_GAP,
+    Study,
+    explanation,
+    per_seed,
+    seeds_for,
+)
 from analysis.study_figures import plot_attention_logits, plot_depth_and_kurtosis, plot_loss_vs_lr, plot_loss_vs_step
+from analysis.study_spec import StudySpec
 
 SENSITIVITY, BEST_LOSS = STATISTICS["lr_sensitivity"], STATISTICS["best_loss"]
 
@@ -81,7 +91,8 @@ def variant_json(study: Study, name: str) -> dict:
     summary = study.summaries[name]
     report = summary.report_seeds
     best = per_seed(study, BEST_LOSS, name, report)
-    sensitivities = per_seed(study, SENSITIVITY, name, summary.selection_seeds)
+    compared = len(study.grid) >= MIN_COMMON_RATES
+    sensitivities = per_seed(study, SENSITIVITY, name, summary.selection_seeds) if compared else []
     return {
         "params": study.config(name)["runtime"].get("params"),
         "rates": summary.rates,
@@ -140,6 +151,7 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
                 "seed": r.seed,
                 "loss": r.final,
                 "heldout_loss": heldout_loss(r),
+                "steps": r.run.rows[-1]["step"] if r.run.rows else 0,
                 "diverged": r.diverged_at is not None,
             }
             for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
@@ -181,17 +193,26 @@ def observations(data: dict) -> list[str]:
     """What the numbers show for every variant before any claim, each sentence from a number in ``data``."""
     variants, baseline = data["variants"], data["baseline"]
     trained = {name: v for name, v in variants.items() if v["trained"]}
-    ranked = sorted(trained, key=lambda name: trained[name]["lr_sensitivity"]["value"])
-    lines = [
-        "LR sensitivity over the common grid (the mean of each selection seed's own value), lowest first, among the "
-        "variants that trained: "
-        + ", ".join(
-            f"{name} {trained[name]['lr_sensitivity']['value']:.3f}{interval(trained[name]['lr_sensitivity']['ci95'])}"
-            f" ({trained[name]['lr_sensitivity']['seeds']} seeds)"
-            for name in ranked
-        )
-        + ". Intervals that overlap do not rank two variants."
-    ]
+    ranked = sorted(
+        (name for name in trained if trained[name]["lr_sensitivity"]["value"] is not None),
+        key=lambda name: trained[name]["lr_sensitivity"]["value"],
+    )
+    if len(data["learning_rates"]) < MIN_COMMON_RATES:
+        lines = [
+            f"LR sensitivity is not compared: the variants share {len(data['learning_rates'])} rates, fewer than "
+            f"the {MIN_COMMON_RATES} a sensitivity needs (each ran its own grid)."
+        ]
+    else:
+        lines = [
+            "LR sensitivity over the common grid (the mean of each selection seed's own value), lowest first, among the "
+            "variants that trained: "
+            + ", ".join(
+                f"{name} {trained[name]['lr_sensitivity']['value']:.3f}{interval(trained[name]['lr_sensitivity']['ci95'])}"
+                f" ({trained[name]['lr_sensitivity']['seeds']} seeds)"
+                for name in ranked
+            )
+            + ". Intervals that overlap do not rank two variants."
+        ]
     untrained = sorted(set(variants) - set(trained))
     if untrained:
         rule = (
@@ -276,7 +297,8 @@ def write_report(
     )
     shared = shared_switches([r.run.config["variant"] for r in results])
     recipe = f" Every variant's label also has `{'-'.join(shared)}`, left out below." if shared else ""
-    report = f"""# Stability study: norm variants across learning rates
+    title = (read_plan(inputs) or {}).get("title") or StudySpec.title
+    report = f"""# {title}
 
 {len(results)} runs of {len(summaries)} variants. The common grid: {len(study.grid)} learning rates
 ({", ".join(f"{lr:g}" for lr in study.grid)}); further rates where a variant's best sat at an edge. Runs of

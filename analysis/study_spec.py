@@ -36,6 +36,7 @@ class StudySpec:
     claims: List[Claim] = field(default_factory=list)
     extends: Optional[str] = None  # another spec this one starts from
     report: str = "study"  # which report run_study.py writes: study (one model), size (widths) or depth (depths)
+    title: str = "Stability study: norm variants across learning rates"  # the report's heading
 
     def __post_init__(self) -> None:
         if self.report not in REPORTS:

@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir = ROOT / cfg.hydra.sweep.dir if not Path(cfg.hydra.sweep.dir).is_absolute() else Path(cfg.hydra.sweep.dir)
     at_once = concurrent_jobs(OmegaConf.to_container(cfg.hydra.launcher), os.cpu_count() or 1)
     record = {
+        "title": spec.title,
         "unigram_val_loss": None if args.dry_run else compute_unigram_val_loss(cfg),  # the line "trained" reads
         "learning_rates": rates,
         "variants": variants,

@@ -1,4 +1,4 @@
-"""training/optim.py: which parameters each optimizer gets, Muon per logical matrix, decay, state round-trips."""
+"""training/muon.py: Muon for the blocks' matrices beside AdamW, as training/optim.py builds it."""
 
 import copy
 from types import SimpleNamespace
