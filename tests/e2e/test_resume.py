@@ -13,7 +13,7 @@ from tiny_runs import ROOT, read_metrics, run_tiny, tiny_overrides
 from training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
 from training.run_record import RunIdentityError
 
-STEPS = 60
+STEPS = 40
 
 
 def _command(cache_dir, run_dir, *extra):
@@ -53,7 +53,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, cache_dir, optimizer):
         _command(cache_dir, interrupted, *extra), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 300
-    while _logged_steps(interrupted) < 23 and process.poll() is None and time.monotonic() < deadline:
+    while _logged_steps(interrupted) < 17 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert process.poll() is None, "the run finished before it could be killed"
     process.send_signal(signal.SIGKILL)
