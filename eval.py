@@ -38,12 +38,13 @@ from analysis.probes.layer_importance import skip_deltas
 from model import ModelConfig, Transformer, build_model
 from model.quantize import QuantizationError, check_schemes, quantized
 from training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from training.config import DataConfig, LoggerConfig, Precision, register_configs
-from training.corpus import DataError
+from training.config import DataConfig, LoggerConfig, Precision, check_values, checked, register_configs
 from training.data import build_validation
+from training.errors import NormlabError
 from training.evaluation import evaluate
-from training.loggers import WandbLogger
+from training.loggers import WandbLogger, record_command
 from training.probes import PROBES, resolve_probe, run_probes
+from training.run_lock import discard_unused
 from training.runtime import autocast_context, resolve_device, resolve_precision
 
 log = logging.getLogger("normlab.eval")
@@ -56,13 +57,13 @@ class EvalConfig:
 
     checkpoint: Any = MISSING  # a run directory or .pt file, a glob of them (runs/outliers/*), or a list
     data: Optional[DataConfig] = None  # None: each run's own data config (choose another with data=<name>)
-    val_windows: Optional[int] = None  # None: the run's data.val_windows
-    batch_size: int = 16
+    val_windows: Optional[int] = checked(None, ">= 1")  # None: the run's data.val_windows
+    batch_size: int = checked(16, ">= 1")
     prompt: str = "In the beginning"
-    max_new_tokens: int = 64
-    num_samples: int = 2
-    temperature: float = 0.8
-    top_k: Optional[int] = 50
+    max_new_tokens: int = checked(64, ">= 0")
+    num_samples: int = checked(2, ">= 1")
+    temperature: float = checked(0.8, ">= 0")  # 0: greedy
+    top_k: Optional[int] = checked(50, ">= 1")
     sample_seed: int = 0
     # fake-quantized evaluations beside the float one (model/quantize.py): w8a8, w8a8_tensor, w4a16, fp8
     quant: List[str] = field(default_factory=list)
@@ -110,7 +111,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         data_cfg.val_windows = cfg.val_windows
     seq_len = run_cfg["train"]["seq_len"] or model.cfg.max_seq_len
     tokenizer = Tokenizer.from_str(state["tokenizer"])
-    val, token_bytes = build_validation(data_cfg, seq_len, tokenizer)
+    val, token_bytes, fingerprint = build_validation(data_cfg, seq_len, tokenizer)
 
     metrics = evaluate(model, val, token_bytes, cfg.batch_size, device, autocast)
     every_probe = [resolve_probe(name) for name in (*PROBES, *STUDY_PROBES)]
@@ -148,6 +149,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         "step": state["step"],
         "norm": model.cfg.norm,
         "data": data_cfg.name,
+        "data_fingerprint": fingerprint,  # the validation split's text and the tokenizer that read it
         "val_windows": int(val.shape[0]),
         **metrics,
         **({"quant": quant} if quant else {}),
@@ -156,9 +158,27 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
     }
 
 
+def entry_key(result: dict) -> str:
+    """An evaluation's key in eval.json: what it measured (the checkpoint, the data and the windows), so that
+    evaluating on other data adds an entry beside the run's own and never replaces it."""
+    return (
+        f"{result['checkpoint']} | data {result['data']} {result['data_fingerprint']} | {result['val_windows']} windows"
+    )
+
+
+def merged(old: dict | None, new: dict) -> dict:
+    """A new evaluation of the same thing over an old one: its numbers, with the old quantized results and
+    layer importance kept where this evaluation did not measure them."""
+    if old is None:
+        return new
+    quant = {**old.get("quant", {}), **new.get("quant", {})}
+    kept = {k: old[k] for k in ("layer_importance",) if k in old and k not in new}
+    return {**new, **kept, **({"quant": quant} if quant else {})}
+
+
 def _write_json(path: Path, results: dict[str, dict]) -> None:
     existing = json.loads(path.read_text()) if path.exists() else {}
-    path.write_text(json.dumps({**existing, **results}, indent=2))
+    path.write_text(json.dumps({**existing, **{k: merged(existing.get(k), r) for k, r in results.items()}}, indent=2))
 
 
 def _print_table(results: dict[str, dict]) -> None:
@@ -203,16 +223,22 @@ def checkpoint_paths(checkpoint) -> list[Path]:
 
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise CheckpointError(
+            "eval.py needs checkpoint=<run directory, .pt file, glob or [list]>, e.g. checkpoint=runs/x"
+        )
+    check_values(cfg, EvalConfig)  # every sampling and evaluation option in its range, before any work
     check_schemes(cfg.quant)  # before any checkpoint is read
     paths = checkpoint_paths(cfg.checkpoint)
     device = resolve_device(cfg.device)
     results = {}
     for path in paths:
         result = evaluate_checkpoint(cfg, path, device)
-        results[result["checkpoint"]] = result
+        results[entry_key(result)] = result
         # Next to the checkpoint: its run directory (a checkpoint's folder's parent).
-        _write_json(Path(result["checkpoint"]).parent.parent / "eval.json", {result["checkpoint"]: result})
+        _write_json(Path(result["checkpoint"]).parent.parent / "eval.json", {entry_key(result): result})
     out_dir.mkdir(parents=True, exist_ok=True)
+    record_command(cfg, out_dir)
     _write_json(out_dir / "eval.json", results)
     _print_table(results)
     if cfg.logger.name == "wandb":
@@ -227,10 +253,12 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def main(cfg: DictConfig) -> None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run_eval(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (CheckpointError, DataError, QuantizationError) as err:
+        run_eval(cfg, out_dir)
+    except (NormlabError, QuantizationError) as err:
         log.error("%s", err)
+        discard_unused(out_dir)  # Hydra made it for this command: a refused one leaves nothing
         sys.exit(1)
 
 

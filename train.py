@@ -13,6 +13,7 @@ that the model and the training options registered, and logs what the probes mea
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from training.config import register_configs
+from training.config import Config, check_values, register_configs
 from training.distributed import init_distributed
 from training.errors import NormlabError
 from training.evaluation import evaluate
@@ -33,7 +34,8 @@ from training.nonfinite import StepAction
 from training.optim import lr_at
 from training.probes import run_probes
 from training.probes.gradients import layer_grad_norms
-from training.run_lock import RunLock, RunLockedError
+from training.run_lock import RunLock, RunLockedError, discard_unused
+from training.run_record import check_run_directory
 from training.runtime import resolve_device
 from training.setup import TrainingRun, build_run
 from training.throughput import peak_memory_gb
@@ -50,6 +52,8 @@ def every(n: int, done: int, last: bool) -> bool:
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     """Run (or resume) the training job ``cfg`` in ``run_dir``; returns the last logged metrics."""
     run_dir = Path(run_dir)
+    check_values(cfg, Config)  # every value in its range, before anything is written
+    check_run_directory(run_dir)  # a folder that holds something else is left as it is
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
     dist = init_distributed(device.type, cfg.train.dist_timeout_s)
     lock = RunLock(run_dir)
@@ -99,7 +103,8 @@ def train_step(run: TrainingRun, step: int) -> tuple[float, float, float]:
             (terms.objective / run.settings.accum).backward()
         loss_sum += terms.cross_entropy / run.settings.accum
         z_sum += terms.z_loss / run.settings.accum
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), tcfg.grad_clip).item()
+    max_norm = math.inf if tcfg.grad_clip is None else tcfg.grad_clip  # inf: the norm, and no clipping
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm).item()
     return dist.mean(loss_sum.item(), run.device), dist.mean(z_sum.item(), run.device), grad_norm
 
 
@@ -187,10 +192,14 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).parent / "configs"), config_name="config")
 def main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    fresh = not any(run_dir.iterdir())  # Hydra has just made it: a new run's directory is empty
     try:
-        train(cfg, Path(HydraConfig.get().runtime.output_dir))
+        train(cfg, run_dir)
     except NormlabError as err:
         log.error("%s", err)
+        if fresh:
+            discard_unused(run_dir)
         sys.exit(1)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,10 @@ from analysis.runs import (
     RunsError,
     check_comparable,
     default_baseline,
-    find_runs,
     group_runs,
     latest_eval,
     loss_ceiling,
+    readable_runs,
     report_command,
     swept_keys,
 )
@@ -345,7 +346,9 @@ def rows_table(rows: list[dict], metric: str, baseline: str | None) -> str:
 
 
 def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: str | None) -> Path:
-    runs = find_runs(inputs)
+    runs, skipped = readable_runs(inputs)
+    for line in skipped:
+        print(f"compare_runs: left out: {line}", file=sys.stderr)
     check_comparable(runs, metric)
     groups = group_runs(runs, group_by)
     swept = ", ".join(f"`{key}`" for key in swept_keys(runs))
@@ -372,6 +375,7 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
         "Δ loss <scheme>: the quantized minus the float loss that eval.py quant=[...] wrote in each run's "
         "eval.json, mean over the group's evaluated runs.\n\n"
         f"Plots: loss.png, throughput.png, activations.png, gains.png, depth.png\n\nRuns:\n{runs_list}\n"
+        + "".join(f"- left out: {line}\n" for line in skipped)
     )
     (out / "summary.md").write_text(summary)
     data = {

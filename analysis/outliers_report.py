@@ -86,7 +86,7 @@ def load_points(inputs: list[str]) -> tuple[list[Point], list[str]]:
     for run in runs:
         result = _last_eval(run)
         if result is None:
-            skipped.append(f"{run.path}: no quantized evaluation in eval.json; run {EVAL_COMMAND}")
+            skipped.append(f"{run.path}: no quantized evaluation on its own data in eval.json; run {EVAL_COMMAND}")
             continue
         layers = {
             name: layer_values(result, key)

@@ -45,7 +45,10 @@ class Run:
         value = self.config
         for part in dotted.split("."):
             if not isinstance(value, dict) or part not in value:
-                raise RunsError(f"{self.path}/config.yaml has no key {dotted!r} to group by")
+                keys = sorted(k for k in flatten(self.config) if not k.startswith(("runtime.", "resumes")))
+                raise RunsError(
+                    f"{self.path}/config.yaml has no key {dotted!r} to group by; its keys: {', '.join(keys)}"
+                )
             value = value[part]
         return value
 
@@ -105,14 +108,29 @@ def load_run(path: Path) -> Run:
         raise RunsError(f"run {path} has no metrics (metrics.jsonl is missing or empty); did its training start?")
     tokenizer = path / "tokenizer.json"
     digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest() if tokenizer.exists() else "unknown"
-    config = yaml.safe_load((path / "config.yaml").read_text())
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise RunsError(f"{path}/config.yaml cannot be read ({type(err).__name__}); the run is left out") from None
+    if not isinstance(config, dict) or not isinstance(config.get("norm"), dict):
+        raise RunsError(f"{path}/config.yaml is not a run record (no norm section); the run is left out")
     config.setdefault("variant", config["norm"]["name"])  # runs from before placements: the norm was the variant
     return Run(path, config, metrics.rows, digest, metrics.torn_tail)
 
 
 def find_runs(inputs: list[str]) -> list[Run]:
-    """Every run (config.yaml and metrics.jsonl) at or under the given paths and globs."""
+    """Every run (config.yaml and metrics.jsonl) at or under the given paths and globs; one that cannot be read
+    is an error naming it."""
     return [load_run(p) for p in find_run_dirs(inputs)]
+
+
+def readable_runs(inputs: list[str]) -> tuple[list[Run], list[str]]:
+    """The runs at or under ``inputs`` that load, and a line naming each that does not (it is left out);
+    none readable is an error."""
+    runs, skipped = load_runs(inputs)
+    if not runs:
+        raise RunsError("no readable run under " + ", ".join(inputs) + "".join(f"\n  {line}" for line in skipped))
+    return runs, skipped
 
 
 def load_runs(inputs: list[str]) -> tuple[list[Run], list[str]]:
@@ -148,6 +166,11 @@ def find_run_dirs(inputs: list[str]) -> list[Path]:
 
 
 def check_comparable(runs: list[Run], metric: str) -> None:
+    """Refuse a metric no run logged (listing the ones they did), and losses over different tokenizers."""
+    if not any(metric in row for r in runs for row in r.rows):
+        logged = sorted({k for r in runs for row in r.rows for k in row if "/" in k and "{" not in k})
+        shown = [k for k in logged if not k.startswith(("act/", "attn/", "grad/"))] or logged
+        raise RunsError(f"no run logged the metric {metric!r}; they logged: {', '.join(shown)}")
     if metric.endswith("/loss") and len({r.tokenizer_hash for r in runs}) > 1:
         raise RunsError(
             "these runs use different tokenizers, so their losses are per token of different vocabularies "
@@ -187,13 +210,26 @@ def loss_ceiling(runs: list[Run]) -> float | None:
     return 1.25 * math.log(max(sizes)) if sizes and all(sizes) else None
 
 
+def on_own_data(entry: dict, run: Run) -> bool:
+    """Whether an eval.json entry measured the run's own validation data: the same split's text (its
+    fingerprint, where both record one; else the data config's name) and the same number of windows."""
+    data = run.config.get("data") or {}
+    own = ((run.config.get("runtime") or {}).get("data_fingerprint") or {}).get("val")
+    measured = entry.get("data_fingerprint")
+    same_text = (
+        measured.rsplit("|tokenizer ", 1)[0] == own if own and measured else entry.get("data") == data.get("name")
+    )
+    return same_text and entry.get("val_windows", data.get("val_windows")) == data.get("val_windows")
+
+
 def latest_eval(run: Run) -> dict | None:
-    """The newest checkpoint's entry in the run's eval.json (what eval.py wrote), or None."""
+    """The newest checkpoint's entry in the run's eval.json (what eval.py wrote) on the run's own data, or None:
+    an evaluation on another corpus or window count sits beside it and is never read as the run's."""
     path = run.path / "eval.json"
     if not path.is_file():
         return None
-    entries = json.loads(path.read_text())
-    return max(entries.values(), key=lambda e: e["step"], default=None)
+    entries = [e for e in json.loads(path.read_text()).values() if on_own_data(e, run)]
+    return max(entries, key=lambda e: e["step"], default=None)
 
 
 def default_baseline(groups) -> str:
@@ -207,6 +243,12 @@ def default_baseline(groups) -> str:
 def report_command(program: str, write: Callable[[], Path], out: Path) -> int:
     """How a report script ends: write the report, print it and where it went; a RunsError (no runs, a
     missing baseline, mixed tokenizers) is the user's to fix, so it is one line and exit status 1."""
+    if out.exists() and not out.is_dir():
+        print(
+            f"{program}: --out {out} is a file; give a folder for the report (it is created if missing)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         path = write()
     except RunsError as err:

@@ -634,5 +634,21 @@ def _(bench_results, bench_skipped, go, make_subplots, mo, qualitative):
     return
 
 
+def missing_runs_folder(argv: list[str]) -> str | None:
+    """The ``--runs`` folder named on the command line when it does not exist (here or under the project)."""
+    from pathlib import Path
+
+    if "--runs" not in argv[:-1]:
+        return None
+    folder = argv[argv.index("--runs") + 1]
+    found = Path(folder).exists() or (Path(__file__).resolve().parents[1] / folder).exists()
+    return None if found else folder
+
+
 if __name__ == "__main__":
+    import sys
+
+    if (missing := missing_runs_folder(sys.argv)) is not None:
+        print(f"explore: --runs {missing}: no such folder; give a run or sweep folder, e.g. --runs runs/")
+        sys.exit(1)
     app.run()

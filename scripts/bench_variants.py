@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -78,7 +79,8 @@ class Variant:
         seed_everything(cfg.seed)
         self.model = build_model(build_model_config(cfg, cfg.data.vocab_size)).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train, device)
-        self.grad_clip, self.z_loss = cfg.train.grad_clip, cfg.train.z_loss
+        self.grad_clip = math.inf if cfg.train.grad_clip is None else cfg.train.grad_clip  # inf: no clipping
+        self.z_loss = cfg.train.z_loss
         self.post_step_hooks = post_step_hooks(self.model, cfg.train, Distributed())  # as training runs them
         compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
         self.step_model = torch.compile(self.model) if compile_model else self.model

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from model.blocks import PLACEMENTS
 from model.config import DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
@@ -63,6 +63,40 @@ OptimizerName = _choice("OptimizerName", OPTIMIZERS)
 MuonLRAdjustment = _choice("MuonLRAdjustment", MUON_LR_ADJUSTMENTS)
 
 
+# What a numeric key may hold, checked for every key of the schema before a run writes anything: the rule
+# sits beside its field (``checked(default, "> 0")``), and a refusal names the key and the rule.
+RULES = {
+    "> 0": lambda v: math.isfinite(v) and v > 0,
+    ">= 0": lambda v: math.isfinite(v) and v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "in (0, 1)": lambda v: 0 < v < 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+}
+
+
+def checked(default, rule: str, **kwargs):
+    """A schema field whose value (when not null) must meet ``rule``, one of ``RULES``."""
+    return field(default=default, metadata={"rule": rule}, **kwargs)
+
+
+def check_values(node, schema, prefix: str = "") -> None:
+    """Refuse the first value of ``node`` (a composed config) that breaks its field's rule in ``schema``, with
+    a one-line ConfigError naming the key, the value and what is allowed; nested dataclasses are walked."""
+    for f in dataclasses.fields(schema):
+        value = node.get(f.name) if hasattr(node, "get") else None
+        if isinstance(value, DictConfig):
+            nested = type(f.default_factory()) if f.default_factory is not dataclasses.MISSING else None
+            if nested is not None and dataclasses.is_dataclass(nested):
+                check_values(value, nested, f"{prefix}{f.name}.")
+            continue
+        rule = f.metadata.get("rule")
+        if rule and value is not None and not (isinstance(value, (int, float)) and RULES[rule](value)):
+            null = " or null" if f.default is None or "Optional" in str(f.type) else ""
+            raise ConfigError(f"{prefix}{f.name}={value} is not allowed: it must be {rule}{null}")
+
+
 def plain(value):
     """A Choice as its plain string (what checkpoints and records store), anything else as it is."""
     return value.value if isinstance(value, Choice) else value
@@ -74,13 +108,13 @@ class NormOptions:
     norm type's own default. An option the chosen type does not take is refused before any data loads;
     tests/unit/training/test_config.py checks that these are exactly the registered norms' options."""
 
-    eps: Optional[float] = None
-    p: Optional[float] = None  # pRMSNorm: the share of features its statistic reads
-    k: Optional[int] = None  # pRMSNorm: or their count
+    eps: Optional[float] = checked(None, "> 0")
+    p: Optional[float] = checked(None, "in (0, 1]")  # pRMSNorm: the share of features its statistic reads
+    k: Optional[int] = checked(None, ">= 1")  # pRMSNorm: or their count
     bias: Optional[bool] = None
     cast_before_weight: Optional[bool] = None
     gain: Optional[Gain] = None  # type: ignore[valid-type]  # standard | one_plus | none
-    alpha_init: Optional[float] = None  # DyT, Derf
+    alpha_init: Optional[float] = checked(None, "> 0")  # DyT, Derf
     shift_init: Optional[float] = None  # Derf
 
     def options(self) -> Dict[str, Any]:
@@ -110,7 +144,7 @@ class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
     qk_axis: QKAxis = QKAxis.head  # type: ignore[valid-type]  # head: per attention head (Qwen3) | all: over all heads (OLMo 2)
     roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
     # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers, pre-norm after (Mix-LN)
-    post_fraction: float = 0.25
+    post_fraction: float = checked(0.25, "in [0, 1]")
     layer_placements: Optional[List[str]] = None  # one placement per layer, e.g. [post, post, pre, pre]
     depth_scaling: DepthScaling = DepthScaling.none  # type: ignore[valid-type]  # inverse_sqrt: LayerNorm Scaling
 
@@ -126,6 +160,12 @@ _NORM_GROUP_FIELDS = (
     "norm_role_options", "norm_depth_scaling",
 )  # fmt: skip
 _MODEL_CHOICES = {"embed_scale": EmbedScale, "init_out_scale": InitOutScale}
+_MODEL_RULES = {
+    **dict.fromkeys(("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden"), ">= 1"),
+    **dict.fromkeys(("mlp_multiple_of", "max_seq_len"), ">= 1"),
+    **dict.fromkeys(("rope_theta", "init_std", "logit_softcap", "attn_softcap", "residual_scale"), "> 0"),
+    "dropout": "in [0, 1)",
+}
 ModelPreset = dataclasses.make_dataclass(
     "ModelPreset",
     [("name", str, field(default="custom"))]
@@ -133,7 +173,10 @@ ModelPreset = dataclasses.make_dataclass(
         (
             f.name,
             _MODEL_CHOICES.get(f.name, f.type),
-            field(default=_MODEL_CHOICES[f.name](f.default) if f.name in _MODEL_CHOICES else f.default)
+            field(
+                default=_MODEL_CHOICES[f.name](f.default) if f.name in _MODEL_CHOICES else f.default,
+                metadata={"rule": _MODEL_RULES[f.name]} if f.name in _MODEL_RULES else {},
+            )
             if f.default is not dataclasses.MISSING
             else field(),
         )
@@ -150,7 +193,7 @@ class DataConfig:
     # text_files: local .txt / .jsonl files or globs
     train_files: List[str] = field(default_factory=list)
     val_files: List[str] = field(default_factory=list)
-    val_fraction: float = 0.05  # held-out share of documents when val_files is empty
+    val_fraction: float = checked(0.05, "in (0, 1)")  # held-out share of documents when val_files is empty
     text_sample_by: str = "paragraph"  # .txt documents: line | paragraph | document
     # hf: a Hugging Face hub dataset
     hf_path: Optional[str] = None
@@ -158,71 +201,79 @@ class DataConfig:
     hf_train_split: str = "train"
     hf_val_split: Optional[str] = "validation"
     streaming: bool = False
-    max_documents: Optional[int] = None  # cap on training documents (required for a streamed split)
+    max_documents: Optional[int] = checked(None, ">= 1")  # cap on training documents (required for a streamed split)
     text_field: str = "text"
     # kjv: the books held out for validation (whole books, so validation text is unseen)
     kjv_val_books: List[str] = field(default_factory=lambda: ["Ruth", "Ecclesiastes", "Mark", "Philippians", "Jude"])
     # tokenizer: "bpe" trains a byte-level BPE; else a tokenizer.json path or a local HF tokenizer name
     tokenizer: str = "bpe"
-    vocab_size: int = 4096
+    vocab_size: int = checked(4096, ">= 1")
     cache_dir: Optional[str] = None  # default: $XDG_CACHE_HOME/normlab or ~/.cache/normlab
-    val_windows: int = 64  # fixed validation windows (all runs evaluate the same tokens): val/ keys
+    val_windows: int = checked(64, ">= 1")  # fixed validation windows (all runs evaluate the same tokens): val/ keys
     # windows disjoint from those, midway between them, logged as heldout/ keys: a study selects
     # each variant's best rate on val/ and reports heldout/ (0: none)
-    heldout_windows: int = 0
+    heldout_windows: int = checked(0, ">= 0")
 
 
 @dataclass
 class MuonConfig:
     """train.muon: torch.optim.Muon's options (the blocks' matrices under train.optimizer=muon)."""
 
-    momentum: float = 0.95
+    momentum: float = checked(0.95, "in [0, 1)")
     nesterov: bool = True
-    ns_steps: int = 5  # Newton-Schulz iterations
+    ns_steps: int = checked(5, ">= 1")  # Newton-Schulz iterations
     # match_rms_adamw (Moonlight): the update's RMS matches AdamW's, so AdamW's lr and decay carry over;
     # original (Keller Jordan's): scaled by sqrt(max(1, rows / cols)), which wants its own, larger lr
     adjust_lr_fn: MuonLRAdjustment = MuonLRAdjustment.match_rms_adamw  # type: ignore[valid-type]
-    weight_decay: Optional[float] = None  # None: train.weight_decay, in train.weight_decay_mode
+    weight_decay: Optional[float] = checked(None, ">= 0")  # None: train.weight_decay, in train.weight_decay_mode
 
 
 @dataclass
 class TrainConfig:
-    seq_len: Optional[int] = None  # None: model.max_seq_len
-    batch_size: int = 16  # sequences per micro-batch per process
-    global_batch_tokens: Optional[int] = None  # None: batch_size * seq_len * processes (no accumulation)
-    max_steps: int = 1000
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 50
+    seq_len: Optional[int] = checked(None, ">= 1")  # None: model.max_seq_len
+    batch_size: int = checked(16, ">= 1")  # sequences per micro-batch per process
+    global_batch_tokens: Optional[int] = checked(
+        None, ">= 1"
+    )  # None: batch_size * seq_len * processes (no accumulation)
+    max_steps: int = checked(1000, ">= 1")
+    lr: float = checked(3e-3, "> 0")  # the peak learning rate
+    min_lr_ratio: float = checked(0.1, "in [0, 1]")  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = checked(50, ">= 0")
     # coupled: AdamW's decay, lr * weight_decay per step. independent: weight_decay is the per-step
     # shrink at the schedule's peak, scaled by the schedule only (Wortsman et al. use 1e-4; 0.1
     # would shrink every matrix by 10% a step there), so sweeping the rate does not sweep the decay.
-    weight_decay: float = 0.1
+    weight_decay: float = checked(0.1, ">= 0")
     weight_decay_mode: WeightDecayMode = WeightDecayMode.coupled  # type: ignore[valid-type]
-    z_loss: float = 0.0  # coef * mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4); logged as train/z_loss
-    qk_clip: Optional[float] = None  # tau: after each step, heads whose largest logit exceeded it are rescaled
+    z_loss: float = checked(
+        0.0, ">= 0"
+    )  # coef * mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4); logged as train/z_loss
+    qk_clip: Optional[float] = checked(
+        None, "> 0"
+    )  # tau: after each step, heads whose largest logit exceeded it are rescaled
     decay_norms_and_embeddings: bool = False
     # adamw | muon: torch.optim.Muon for the blocks' matrices, AdamW for the rest (training/optim.py)
     optimizer: OptimizerName = OptimizerName.adamw  # type: ignore[valid-type]
     muon: MuonConfig = field(default_factory=MuonConfig)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
+    beta1: float = checked(0.9, "in [0, 1)")
+    beta2: float = checked(0.95, "in [0, 1)")
+    grad_clip: Optional[float] = checked(1.0, "> 0")  # the largest gradient norm; null: no clipping
     precision: Precision = Precision.auto  # type: ignore[valid-type]  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     compile: Optional[bool] = None  # None: on for CUDA, and on CPU from training/runtime.py CPU_COMPILE_MIN_STEPS steps
-    log_every: int = 10
-    eval_every: int = 100
-    stats_every: int = 50
+    log_every: int = checked(10, ">= 1")
+    eval_every: int = checked(100, ">= 1")
+    stats_every: int = checked(50, ">= 1")
     # the probe pass's probes: the core's by name (norm_io, stream, attention, logits: training/probes/), any
     # other as package.module:Class. By default what each norm sees and emits, and the residual stream.
     probes: List[str] = field(default_factory=lambda: ["norm_io", "stream"])
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 2
+    checkpoint_every: int = checked(200, ">= 1")
+    keep_checkpoints: int = checked(2, ">= 1")
     nan_policy: NanPolicy = NanPolicy.stop  # type: ignore[valid-type]  # stop (error) | skip (up to max_skipped_steps) | record (end the run, diverged: true)
-    max_skipped_steps: int = 5
-    perf_warmup_steps: int = 3  # steps left out of tokens/s and MFU (compilation, allocator warm-up)
-    peak_flops: Optional[float] = None  # override the device's peak FLOP/s used for MFU
-    dist_timeout_s: float = 600.0  # a collective (or the rendezvous) waiting longer than this fails the run
+    max_skipped_steps: int = checked(5, ">= 0")
+    perf_warmup_steps: int = checked(3, ">= 0")  # steps left out of tokens/s and MFU (compilation, allocator warm-up)
+    peak_flops: Optional[float] = checked(None, "> 0")  # override the device's peak FLOP/s used for MFU
+    dist_timeout_s: float = checked(
+        600.0, "> 0"
+    )  # a collective (or the rendezvous) waiting longer than this fails the run
 
 
 @dataclass
@@ -243,9 +294,11 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    seed: int = 0
+    seed: int = checked(0, ">= 0")
     device: str = "auto"  # auto: cuda, else mps, else cpu
-    cpu_threads: Optional[int] = None  # None: this process's share of the cores (training/cpu_threads.py)
+    cpu_threads: Optional[int] = checked(
+        None, ">= 1"
+    )  # None: this process's share of the cores (training/cpu_threads.py)
     # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
     variant: str = "${norm_variant:}"  # the label of training/variant.py's switches
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import os
@@ -20,9 +21,29 @@ def _expand(patterns: list[str], key: str) -> list[str]:
     return paths
 
 
+def check_text(path: str, key: str) -> None:
+    """Refuse a file that is not UTF-8 text (binary content, another encoding), naming it, where and why."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            if (nul := chunk.find(b"\x00")) >= 0:
+                raise DataError(f"{key}: {path} is binary, not text (a NUL byte at offset {offset + nul}); remove it")
+            try:
+                decoder.decode(chunk, final=len(chunk) < 1 << 20)
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    f"{key}: {path} is not UTF-8 text (byte {offset + err.start} cannot be decoded); convert it, "
+                    "e.g. iconv -f latin1 -t utf-8"
+                ) from None
+            offset += len(chunk)
+
+
 def _local_dataset(paths: list[str], data_cfg, key: str):
     import datasets
 
+    for path in paths:
+        check_text(path, key)
     if all(os.path.getsize(p) == 0 for p in paths):
         raise DataError(f"{key}: the files are empty ({', '.join(paths)}); the corpus has no text")
 

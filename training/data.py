@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ class Data:
     val: torch.Tensor  # (windows, seq_len + 1) token ids
     token_bytes: torch.Tensor  # UTF-8 bytes per token id, for bits per byte
     heldout: torch.Tensor | None  # windows disjoint from val (data.heldout_windows), or None
+    fingerprint: dict[str, str]  # each split's text identity (files' hashes or stats, settings): a resume checks it
 
 
 def default_cache_dir() -> Path:
@@ -50,14 +52,19 @@ def build_data(data_cfg, seq_len: int, global_batch: int, seed: int) -> Data:
     tokenizer = get_tokenizer(data_cfg, train_split, cache_dir)
     train_tokens = token_array(train_split, tokenizer, cache_dir, f"{data_cfg.name}-train")
     val, token_bytes, heldout = _validation(val_split, tokenizer, data_cfg, seq_len, cache_dir)
-    return Data(tokenizer, TrainBatches(train_tokens, seq_len, global_batch, seed), val, token_bytes, heldout)
+    batches = TrainBatches(train_tokens, seq_len, global_batch, seed)
+    fingerprint = {"train": train_split.fingerprint, "val": val_split.fingerprint}
+    return Data(tokenizer, batches, val, token_bytes, heldout, fingerprint)
 
 
-def build_validation(data_cfg, seq_len: int, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(validation windows, bytes per token) with a given tokenizer, e.g. a checkpoint's own.
+def build_validation(data_cfg, seq_len: int, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(validation windows, bytes per token, what they are: the split's fingerprint and the tokenizer's) with a
+    given tokenizer, e.g. a checkpoint's own.
 
     Only the validation split is tokenized: evaluating on another corpus never pays for its
     training split.
     """
     _, val_split = load_splits(data_cfg)
-    return _validation(val_split, tokenizer, data_cfg, seq_len, _cache_dir(data_cfg))[:2]
+    windows, token_bytes, _ = _validation(val_split, tokenizer, data_cfg, seq_len, _cache_dir(data_cfg))
+    tokenizer_hash = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:12]
+    return windows, token_bytes, f"{val_split.fingerprint}|tokenizer {tokenizer_hash}"

@@ -1,4 +1,5 @@
-"""Where a run's metrics rows go: metrics.jsonl always (training/metrics_file.py), and wandb when configured.
+"""Where a run's metrics rows go: metrics.jsonl always (training/metrics_file.py), and wandb when configured;
+and, once a run is accepted, its log (train.log) and Hydra's record of the command (.hydra/).
 
 wandb must never hang a run: with mode ``auto`` it goes online only when the user is logged
 in, waits at most ``logger.init_timeout`` seconds for the server, and otherwise runs offline
@@ -8,6 +9,7 @@ inside the run directory and says how to upload it later.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import uuid
 from pathlib import Path
@@ -98,9 +100,37 @@ class Loggers:
             logger.close()
 
 
+def record_command(cfg, run_dir: Path) -> None:
+    """Hydra's record of this command in ``<run dir>/.hydra/`` (config, hydra and overrides), and the log held
+    since the start (configs/hydra/job_logging/normlab.yaml) into ``train.log``, which takes every line from now."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():  # called from code rather than through train.py
+        return
+    hydra_cfg = HydraConfig.get()
+    record = run_dir / ".hydra"
+    record.mkdir(exist_ok=True)
+    OmegaConf.save(cfg, record / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
+    OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
+    root = logging.getLogger()
+    held = next((h for h in root.handlers if isinstance(h, logging.handlers.MemoryHandler)), None)
+    if held is not None:
+        file = logging.FileHandler(run_dir / f"{hydra_cfg.job.name}.log")
+        console = next((h for h in root.handlers if h is not held and h.formatter), None)
+        file.setFormatter(console.formatter if console else logging.Formatter())
+        held.setTarget(file)
+        held.flush()
+        root.removeHandler(held)
+        root.addHandler(file)
+
+
 def open_loggers(cfg, run_dir: Path, run_config: dict, data, resume: dict | None) -> Loggers:
-    """Record the run (or append this resume to its record), and open metrics.jsonl (and wandb when configured)."""
+    """Record the run (or append this resume to its record), the command and its log, and open metrics.jsonl
+    (and wandb when configured)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    record_command(cfg, run_dir)
     if resume is None:
         write_new_record(run_dir, run_config)
         (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())

@@ -56,3 +56,13 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def discard_unused(run_dir: Path) -> None:
+    """Remove a run directory that this process found empty and wrote nothing into but its (released, empty)
+    lock: a refused command leaves no directory behind."""
+    lock = Path(run_dir) / LOCK_FILE
+    if lock.is_file() and lock.stat().st_size == 0:
+        lock.unlink()
+    if Path(run_dir).is_dir() and not any(Path(run_dir).iterdir()):
+        Path(run_dir).rmdir()

@@ -24,7 +24,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from training.atomic import atomic_write_text
+from training.checkpoint import load_newest_readable
 from training.errors import NormlabError
+from training.run_lock import LOCK_FILE
 from training.variant import variant_label
 
 RECORD = "config.yaml"
@@ -93,6 +95,21 @@ def identity(run_config: dict) -> dict[str, Any]:
     return keys
 
 
+def check_run_directory(run_dir: Path) -> None:
+    """Refuse a folder that holds files but no run of ours (no record, no checkpoints), naming what it holds:
+    it is left as it is."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or (run_dir / RECORD).is_file() or (run_dir / "checkpoints").is_dir():
+        return
+    found = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE)
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise RunIdentityError(
+            f"{run_dir} is not a normlab run directory: it holds {shown} but no {RECORD} and no checkpoints. "
+            "Train elsewhere (run_name=... or hydra.run.dir=...), or move those files away. Nothing in it was changed."
+        )
+
+
 def read_record(run_dir: Path) -> dict | None:
     path = Path(run_dir) / RECORD
     if not path.is_file():
@@ -130,15 +147,29 @@ def _changes(recorded: dict[str, Any], current: dict[str, Any], defaults: dict[s
     return changes
 
 
+def find_record(run_dir: Path) -> tuple[dict, Path] | None:
+    """The run's record and where it was read: config.yaml, or where that is gone, the newest readable
+    checkpoint's copy (every checkpoint carries the record, so it is the record of last resort)."""
+    record = read_record(run_dir)
+    if record is not None:
+        return record, Path(run_dir) / RECORD
+    found = load_newest_readable(run_dir)
+    if found is None or not found[1].get("config"):
+        return None
+    return found[1]["config"], found[0]
+
+
 def check_resume(run_dir: Path, run_config: dict, schema_defaults: dict, allowed: list[str]) -> dict | None:
-    """Compare ``run_config`` with the run recorded in ``run_dir``; raise if it is another run.
+    """Compare ``run_config`` with the run recorded in ``run_dir`` (``find_record``); raise if it is another run.
 
     Returns None for a new run directory, else the resume entry to append (the changed keys,
-    free ones included, with both values).
+    free ones included, with both values; the record and its source when it came from a checkpoint, and
+    the recorded data fingerprint, which the data is checked against once loaded).
     """
-    record = read_record(run_dir)
-    if record is None:
+    found = find_record(run_dir)
+    if found is None:
         return None
+    record, path = found
     recorded = effective_config(record)
     unknown = sorted(key for key in allowed if key not in flatten(run_config) and key not in flatten(recorded))
     if unknown:
@@ -149,7 +180,6 @@ def check_resume(run_dir: Path, run_config: dict, schema_defaults: dict, allowed
     defaults = flatten(schema_defaults)
     identity_changes = _changes(identity(recorded), identity(run_config), defaults)
     refused = {k: v for k, v in identity_changes.items() if k not in allowed}
-    path = Path(run_dir) / RECORD
     if refused:
         lines = [f"  {key}: {change['was']!r} in {path} vs {change['now']!r} now" for key, change in refused.items()]
         lines += [f"  ({key}: {_WHY[key]})" for key in refused if key in _WHY]
@@ -159,9 +189,28 @@ def check_resume(run_dir: Path, run_config: dict, schema_defaults: dict, allowed
             + "\n".join(lines)
             + f"\nTo start a separate run, give it another name: run_name=... (or hydra.run.dir=...). To continue "
             f"this run with the new values anyway, add 'resume_with_changes=[{keys}]'; the change is then recorded "
-            f"in {path} under resumes. Nothing in {run_dir} was changed."
+            f"in {Path(run_dir) / RECORD} under resumes. Nothing in {run_dir} was changed."
         )
-    return {"changes": _changes(_recorded_keys(recorded), _recorded_keys(run_config), defaults)}
+    entry = {
+        "changes": _changes(_recorded_keys(recorded), _recorded_keys(run_config), defaults),
+        "data_fingerprint": (record.get("runtime") or {}).get("data_fingerprint"),
+    }
+    if path.name != RECORD:
+        entry.update(restored_record=record, record_source=str(path))
+    return entry
+
+
+def check_same_data(entry: dict, fingerprint: dict, run_dir: Path) -> None:
+    """Refuse to resume on data whose text changed since the run started (a corpus file edited, another split),
+    whatever the tokenizer: the recorded fingerprint (runs recorded before it have none) against the loaded one."""
+    recorded = entry.get("data_fingerprint")
+    changed = sorted(k for k in (recorded or {}) if recorded[k] != fingerprint.get(k))
+    if changed:
+        raise RunIdentityError(
+            f"the data of {run_dir} changed since the run started ({', '.join(changed)} split: its files or "
+            "settings differ from the recorded fingerprint), and a run trains on one corpus. Restore the files, "
+            f"or train a separate run on the new data (run_name=...). Nothing in {run_dir} was changed."
+        )
 
 
 def _recorded_keys(config: dict) -> dict[str, Any]:
@@ -179,7 +228,7 @@ def append_resume(run_dir: Path, entry: dict, runtime: dict) -> None:
 
     The rest of the file stays as it was.
     """
-    record = read_record(run_dir)
+    record = read_record(run_dir) or entry["restored_record"]  # config.yaml gone: the checkpoint's copy
     resume = {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "step": entry["step"],
@@ -187,6 +236,8 @@ def append_resume(run_dir: Path, entry: dict, runtime: dict) -> None:
         "changes": entry["changes"],
         "runtime": {k: runtime[k] for k in ("device", "world_size", "norm_backend", "grad_accum") if k in runtime},
     }
+    if "record_source" in entry:
+        resume["record_restored_from"] = entry["record_source"]
     record.setdefault("resumes", []).append(resume)
     atomic_write_text(Path(run_dir) / RECORD, yaml.safe_dump(record, sort_keys=False))
 

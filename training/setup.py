@@ -39,7 +39,7 @@ from training.nonfinite import NonFinitePolicy
 from training.optim import build_optimizer, optimizer_groups
 from training.post_step import PostStepHook, post_step_hooks
 from training.probes import Probe, resolve_probe
-from training.run_record import check_resume
+from training.run_record import check_resume, check_same_data
 from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
 from training.throughput import PeakFlops, ThroughputMeter, peak_flops
 
@@ -133,18 +133,11 @@ def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -
 
 
 def check_logit_controls(cfg: DictConfig) -> None:
-    if cfg.train.z_loss < 0:
-        raise ConfigError(f"train.z_loss must be >= 0 (0 turns it off; PaLM uses 1e-4), got {cfg.train.z_loss}")
-    if cfg.train.qk_clip is not None:
-        if not cfg.train.qk_clip > 0:
-            raise ConfigError(
-                f"train.qk_clip must be > 0 (the largest logit a head keeps) or null, got {cfg.train.qk_clip}"
-            )
-        if cfg.norm.qk is not None:
-            raise ConfigError(
-                "train.qk_clip rescales the q and k projections, which QK-norm normalizes away: "
-                "use one of train.qk_clip and norm.qk, not both"
-            )
+    if cfg.train.qk_clip is not None and cfg.norm.qk is not None:
+        raise ConfigError(
+            "train.qk_clip rescales the q and k projections, which QK-norm normalizes away: "
+            "use one of train.qk_clip and norm.qk, not both"
+        )
 
 
 def check_run_identity(cfg: DictConfig, run_dir: Path, settings: RunSettings) -> dict | None:
@@ -215,7 +208,14 @@ def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data,
 
 
 def runtime_record(
-    model: Transformer, settings: RunSettings, device, dist, compiled: bool, peak: PeakFlops, optimizer
+    model: Transformer,
+    settings: RunSettings,
+    device,
+    dist,
+    compiled: bool,
+    peak: PeakFlops,
+    optimizer,
+    data_fingerprint,
 ) -> dict:
     """What actually ran, recorded as ``runtime:`` in the run's config.yaml."""
     return {
@@ -228,6 +228,7 @@ def runtime_record(
         "grad_accum": settings.accum,
         "global_batch_tokens": settings.tokens_per_step,
         "vocab_size": model.cfg.vocab_size,
+        "data_fingerprint": data_fingerprint,
         "params": sum(p.numel() for p in model.parameters()),
         "flops_per_token": model.flops_per_token(settings.seq_len),
         "peak_flops": peak.flops,
@@ -249,6 +250,8 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
             log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
             return None
     data = load_data(cfg, settings, dist)
+    if resume_entry is not None:
+        check_same_data(resume_entry, data.fingerprint, run_dir)
     model, model_cfg = seeded_model(cfg, data, device)
     optimizer = build_optimizer(model, cfg.train, device)
     start_step, resumed_from, elapsed_before = restore(run_dir, model, optimizer, model_cfg, data, cfg, dist)
@@ -262,7 +265,7 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     if dist.enabled:
         train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
     peak = peak_flops(device, settings.precision, cfg.train.peak_flops)
-    runtime = runtime_record(model, settings, device, dist, use_compile, peak, optimizer)
+    runtime = runtime_record(model, settings, device, dist, use_compile, peak, optimizer, data.fingerprint)
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
     loggers = Loggers([])
     if dist.is_main:

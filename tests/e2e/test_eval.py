@@ -37,8 +37,9 @@ def test_eval_reproduces_the_training_validation_loss(trained, tmp_path):
     assert len(result["samples"]) == 2 and all(s.startswith("In the beginning") for s in result["samples"])
 
     written = json.loads((run / "eval.json").read_text())
-    assert set(written) == {str(list_checkpoints(run)[-1])}
-    assert {"val/loss", "val/ppl", "val/bpb"} <= set(written[str(list_checkpoints(run)[-1])])
+    (key,) = written  # keyed by what it measured: the checkpoint, the data and the windows
+    assert key.startswith(str(list_checkpoints(run)[-1])) and key.endswith("| 4 windows")
+    assert written[key]["data"] == "kjv" and {"val/loss", "val/ppl", "val/bpb"} <= set(written[key])
 
 
 def test_several_checkpoints_and_more_windows(trained, tmp_path):
@@ -100,12 +101,16 @@ def test_quantized_evaluation_sits_beside_the_float_one_and_never_touches_the_ch
     cfg = eval_config(f"checkpoint={trained}/*", "quant=[w8a8,w8a8_tensor,w4a16,fp8]")  # a glob of run folders
     results = eval_script.run_eval(cfg, tmp_path)
     assert len(results) == 2
-    result = results[str(checkpoint)]
+    (result,) = [r for r in results.values() if r["checkpoint"] == str(checkpoint)]
     assert set(result["quant"]) == {"w8a8", "w8a8_tensor", "w4a16", "fp8"}
     for q in result["quant"].values():
         assert q["delta/val/loss"] == pytest.approx(q["val/loss"] - result["val/loss"], abs=1e-12)
         assert q["val/loss"] != result["val/loss"] and 0 < q["val/bpb"]
-    assert json.loads((run / "eval.json").read_text())[str(checkpoint)]["quant"] == result["quant"]
+    key = eval_script.entry_key(result)
+    assert json.loads((run / "eval.json").read_text())[key]["quant"] == result["quant"]
+    # a second evaluation of the same thing, another scheme: the earlier schemes' results stay beside it
+    eval_script.run_eval(eval_config(f"checkpoint={run}", "quant=[w8a8]"), tmp_path)
+    assert set(json.loads((run / "eval.json").read_text())[key]["quant"]) == {"w8a8", "w8a8_tensor", "w4a16", "fp8"}
     assert checkpoint.read_bytes() == on_disk
     table = capsys.readouterr().out
     assert "w8a8_tensor" in table and "delta" in table

@@ -24,11 +24,11 @@ from training.run_record import RunIdentityError, overrides_tag
 
 
 def _fingerprint(run_dir):
-    """Every file's hash, except what Hydra itself notes of each command (.hydra/ and the log)."""
+    """Every file's hash, Hydra's record of the command (.hydra/) and the log included: a refusal changes none."""
     return {
         str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(run_dir.rglob("*"))
-        if path.is_file() and ".hydra" not in path.parts and path.name != "train.log"
+        if path.is_file()
     }
 
 

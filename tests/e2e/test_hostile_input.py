@@ -1,0 +1,185 @@
+"""Nothing lost, nothing misstated: bad values, foreign folders, lost records, edited corpora, other-data
+evaluations and readers given nothing, each refused with one line that names the key, leaving files as they were."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import compare_runs
+import pytest
+import yaml
+from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrides
+
+import eval as eval_script
+from analysis.runs import latest_eval, load_run
+from training.config import Config, ConfigError, check_values
+from training.corpus import DataError
+from training.corpus_files import check_text
+from training.run_record import RunIdentityError
+
+
+def _hashes(folder):
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+# (override, the key and the rule the one-line refusal names)
+BAD_VALUES = [
+    ("train.grad_clip=-1", "train.grad_clip=-1.0 is not allowed: it must be > 0 or null"),
+    ("train.grad_clip=0", "train.grad_clip=0.0 is not allowed: it must be > 0 or null"),
+    ("train.lr=-1", "train.lr=-1.0 is not allowed: it must be > 0"),
+    ("train.lr=nan", "train.lr=nan is not allowed: it must be > 0"),
+    ("train.batch_size=0", "train.batch_size=0 is not allowed: it must be >= 1"),
+    ("model.n_layers=0", "model.n_layers=0 is not allowed: it must be >= 1"),
+    ("norm.eps=0", "norm.eps=0.0 is not allowed: it must be > 0 or null"),
+    ("train.max_steps=0", "train.max_steps=0 is not allowed: it must be >= 1"),
+    ("train.min_lr_ratio=5", "train.min_lr_ratio=5.0 is not allowed: it must be in [0, 1]"),
+    ("norm.roles.attn_in.alpha_init=-0.5", "norm.roles.attn_in.alpha_init=-0.5 is not allowed: it must be > 0 or null"),
+]
+
+
+@pytest.mark.parametrize("override, message", BAD_VALUES)
+def test_a_value_out_of_its_range_is_refused_naming_the_key_and_the_rule(override, message):
+    with pytest.raises(ConfigError) as refused:
+        check_values(compose_config("model=tiny", override), Config)
+    assert str(refused.value) == message
+
+
+def test_a_refused_command_exits_1_with_one_line_and_creates_no_run_directory(tmp_path):
+    result = _cli("train.py", "model=tiny", "train.grad_clip=-1", "logger=none", f"hydra.run.dir={tmp_path / 'run'}")
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]
+    assert result.returncode == 1 and errors == [errors[0]] and "train.grad_clip=-1.0" in errors[0]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_null_turns_clipping_off(tmp_path, cache_dir):
+    run_tiny(tmp_path, cache_dir, 2, "train.grad_clip=null")
+    assert all(row["train/grad_norm"] > 0 for row in read_metrics(tmp_path) if "train/grad_norm" in row)
+
+
+def test_a_foreign_folder_is_refused_and_left_as_it_was(tmp_path, cache_dir):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n')
+    (tmp_path / "tokenizer.json").write_text("not ours")
+    before = _hashes(tmp_path)
+    with pytest.raises(
+        RunIdentityError, match="is not a normlab run directory: it holds metrics.jsonl, tokenizer.json"
+    ):
+        run_tiny(tmp_path, cache_dir, 2)
+    assert _hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics.jsonl",
+        "tokenizer.json",
+    ]
+
+
+def test_a_refused_rerun_through_the_cli_leaves_every_file_byte_for_byte(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    command = ["train.py", *tiny_overrides(cache_dir, 2), f"hydra.run.dir={run_dir}"]
+    assert _cli(*command).returncode == 0
+    assert (run_dir / ".hydra" / "overrides.yaml").is_file() and (run_dir / "train.log").is_file()
+    before = _hashes(run_dir)
+    for refused in ("train.lr=0.1", "train.lr=-1"):  # another run's config; a value out of range
+        assert _cli(*command, refused).returncode == 1
+        assert _hashes(run_dir) == before
+
+
+def test_without_its_config_yaml_the_checkpoint_is_the_record_a_rerun_is_checked_against(tmp_path, cache_dir):
+    run_tiny(tmp_path, cache_dir, 4)
+    (tmp_path / "checkpoints" / "step_0000004.pt").unlink()  # killed after its step-2 checkpoint, as it were
+    (tmp_path / "config.yaml").unlink()
+    with pytest.raises(RunIdentityError, match=r"train.lr: 0.003 in .*step_0000002.pt vs 0.1 now"):
+        run_tiny(tmp_path, cache_dir, 4, "train.lr=0.1")
+    assert not (tmp_path / "config.yaml").exists()
+    run_tiny(tmp_path, cache_dir, 4)  # the same command resumes, and the record comes back from the checkpoint
+    record = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert record["train"]["lr"] == 0.003 and record["resumes"][-1]["record_restored_from"].endswith("step_0000002.pt")
+    assert [r["step"] for r in read_metrics(tmp_path) if "train/loss" in r] == [1, 2, 3, 4]
+
+
+def test_a_corpus_edited_before_a_resume_is_refused_even_with_a_fixed_tokenizer(tmp_path, cache_dir):
+    run_tiny(tmp_path / "source", cache_dir, 2)  # a tokenizer file to fix the tokenizer with
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "\n\n".join(f"In the beginning {i} the words were many and the days were long." for i in range(300))
+    )
+    data = [
+        "data=text_files",
+        f"data.train_files=[{corpus}]",
+        f"data.tokenizer={tmp_path / 'source' / 'tokenizer.json'}",
+    ]
+    run_dir = tmp_path / "run"
+    run_tiny(run_dir, cache_dir, 4, *data)
+    (run_dir / "checkpoints" / "step_0000004.pt").unlink()  # killed after its step-2 checkpoint, as it were
+    corpus.write_text(corpus.read_text().replace("many", "few"))
+    before = _hashes(run_dir)
+    with pytest.raises(RunIdentityError, match="the data of .* changed since the run started \\(train, val split"):
+        run_tiny(run_dir, cache_dir, 4, *data)
+    assert _hashes(run_dir) == before
+
+
+def test_evaluating_on_other_data_adds_an_entry_and_readers_keep_the_runs_own(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    run_tiny(run_dir, cache_dir, 2)
+    other = tmp_path / "other.txt"
+    other.write_text(
+        "\n\n".join(f"A different text {i}, with words of its own and no verse numbers." for i in range(400))
+    )
+    base = [f"checkpoint={run_dir}", "max_new_tokens=2", "num_samples=1"]
+    other_data = [
+        "data=text_files",
+        f"data.train_files=[{other}]",
+        "data.val_fraction=0.5",
+        f"data.cache_dir={cache_dir}",
+    ]
+    for extra in ([], other_data):
+        cfg = compose_eval(*base, *extra)
+        eval_script.run_eval(cfg, tmp_path / "out")
+    entries = json.loads((run_dir / "eval.json").read_text())
+    assert len(entries) == 2 and {e["data"] for e in entries.values()} == {"kjv", "text_files"}
+    own = latest_eval(load_run(run_dir))
+    assert (
+        own["data"] == "kjv" and own["val/loss"] == next(e for e in entries.values() if e["data"] == "kjv")["val/loss"]
+    )
+
+
+def compose_eval(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("eval", overrides=list(overrides))
+
+
+def test_readers_refuse_to_succeed_on_nothing(tmp_path, sweep, capsys):
+    assert compare_runs.main([str(sweep), "--metric", "no/such_key", "--out", str(tmp_path / "c")]) == 1
+    assert "no run logged the metric 'no/such_key'; they logged: " in capsys.readouterr().err
+    assert compare_runs.main([str(sweep), "--group-by", "train.nope", "--out", str(tmp_path / "c")]) == 1
+    assert "has no key 'train.nope' to group by; its keys: " in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert compare_runs.main([str(sweep), "--out", str(tmp_path / "file")]) == 1
+    assert "is a file" in capsys.readouterr().err
+    result = _cli("notebooks/explore.py", "--runs", str(tmp_path / "missing"))
+    assert result.returncode == 1 and "no such folder" in result.stdout
+
+
+def test_a_damaged_run_record_is_named_and_the_other_runs_compared(tmp_path, sweep, capsys):
+    shutil.copytree(sweep, tmp_path / "sweep")
+    damaged = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())[0]
+    (damaged / "config.yaml").write_text("{not yaml: [")
+    assert compare_runs.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "c")]) == 0
+    assert f"left out: {damaged}/config.yaml cannot be read" in capsys.readouterr().err
+
+
+def test_a_text_file_that_is_not_text_is_refused_naming_it_and_why(tmp_path):
+    binary, latin = tmp_path / "a.txt", tmp_path / "b.txt"
+    binary.write_bytes(b"words\x00\x01\x02")
+    latin.write_bytes("caf\u00e9".encode("latin-1"))
+    with pytest.raises(DataError, match=f"data.train_files: {binary} is binary, not text \\(a NUL byte at offset 5\\)"):
+        check_text(str(binary), "data.train_files")
+    with pytest.raises(DataError, match=f"{latin} is not UTF-8 text \\(byte 3 cannot be decoded\\)"):
+        check_text(str(latin), "data.train_files")
