@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     if experiment is None:
         print("run_study: name the study: +experiment=<name> (its sweep), with its spec in configs/study/<name>.yaml")
         return 2
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        print(f"run_study: --out {args.out} is a file; give a folder for the report (it is created if missing)")
+        return 2
     plan_overrides = [o for o in overrides if o.startswith("plan.")]
     overrides = [o for o in overrides if not o.startswith("plan.")]
     try:
