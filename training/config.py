@@ -61,6 +61,7 @@ InitOutScale = _choice("InitOutScale", INIT_OUT_SCALES)
 WeightDecayMode = _choice("WeightDecayMode", WEIGHT_DECAY_MODES)
 OptimizerName = _choice("OptimizerName", OPTIMIZERS)
 MuonLRAdjustment = _choice("MuonLRAdjustment", MUON_LR_ADJUSTMENTS)
+Parallel = _choice("Parallel", ("ddp", "fsdp"))  # train.parallel: training/fsdp.py says what fsdp does
 
 
 def plain(value):
@@ -223,6 +224,7 @@ class TrainConfig:
     perf_warmup_steps: int = 3  # steps left out of tokens/s and MFU (compilation, allocator warm-up)
     peak_flops: Optional[float] = None  # override the device's peak FLOP/s used for MFU
     dist_timeout_s: float = 600.0  # a collective (or the rendezvous) waiting longer than this fails the run
+    parallel: Parallel = Parallel.ddp  # type: ignore[valid-type]  # ddp (whole copies) | fsdp (FSDP2: each process holds a shard)
 
 
 @dataclass
