@@ -89,9 +89,16 @@ def shard(model: nn.Module, device: torch.device, dist: Distributed, use_compile
         return torch.compile(model) if use_compile else model
     mesh = init_device_mesh(device.type, (dist.world_size,))
     policy = mixed_precision(precision)
+    kept = len(full_precision_modules(model))
     for block in model.layers:
         if use_compile:
             block.compile()  # in place: the block keeps its name, so parameter and metric names stay
         shard_module(block, mesh, policy)
     shard_module(model, mesh, policy)
+    if dist.is_main:
+        log.info(
+            "FSDP: %d blocks and the root sharded across %d processes, computing in %s; %d norm modules' "
+            "parameters float32 in groups of their own",
+            len(model.layers), dist.world_size, policy.param_dtype or "float32", kept,
+        )  # fmt: skip
     return model
