@@ -1,5 +1,6 @@
-"""train.parallel=fsdp on CPU (gloo) through torchrun: against one process, across a SIGKILL, and resumed on
-another number of processes. Launches that do not depend on each other run at once, to keep the wall time down.
+"""train.parallel=fsdp on CPU (gloo) through torchrun: against one process, across a SIGKILL, resumed on another
+number of processes, and read by eval.py and the export in one process. Launches that do not depend on each
+other run at once, to keep the wall time down.
 """
 
 import os
@@ -10,9 +11,17 @@ import sys
 import time
 
 import pytest
+import torch
 import yaml
-from tiny_runs import ROOT, descendants, read_metrics, run_tiny
+from export_hf import export
+from hydra import compose, initialize_config_dir
+from tiny_runs import CONFIG_DIR, ROOT, descendants, read_metrics, run_tiny
 
+import eval as eval_script
+from training.sharded_checkpoint import read_checkpoint
+
+# In-process runs and reads are one process writing or reading every shard, which DCP warns of.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")
 STEPS = 20
 # The definition of done's commands: 1024 tokens per step, 2 processes x batch 8 x seq 64, or 1 accumulating 2.
 COMMAND = ["model=tiny", "norm=rmsnorm", "train.batch_size=8", "train.global_batch_tokens=1024", "logger=none"]
@@ -164,3 +173,17 @@ def test_a_sharded_checkpoint_resumes_without_fsdp(tmp_path, cache_dir):
     assert _losses(tmp_path / "run") == _losses(tmp_path / "plain") and resumed["train/loss"] == reference["train/loss"]
     assert (tmp_path / "run" / "checkpoints" / "step_0000004.pt").is_file()
     assert _record(tmp_path / "run")["resumes"][0]["changes"]["train.parallel"] == {"was": "fsdp", "now": "ddp"}
+
+
+def test_eval_and_export_read_a_two_rank_checkpoint_in_one_process(tmp_path, runs):
+    """eval.py and the export need no process group: the shards of both ranks are read whole."""
+    sharded, whole, _ = runs
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=[f"checkpoint={sharded}", "max_new_tokens=4", "num_samples=1"])
+    (result,) = eval_script.run_eval(cfg, tmp_path / "eval").values()
+    assert result["checkpoint"].endswith("step_0000020.dcp")
+    assert result["val/loss"] == pytest.approx(read_metrics(sharded)[-1]["val/loss"], rel=1e-6)  # the same windows
+    weights, whole_weights = read_checkpoint(sharded)["model"], read_checkpoint(whole)["model"]
+    assert weights.keys() == whole_weights.keys()
+    assert all(torch.allclose(weights[k], whole_weights[k], rtol=1e-4, atol=1e-6) for k in weights)
+    assert (export(sharded, tmp_path / "hf") / "model.safetensors").is_file()
