@@ -180,7 +180,8 @@ def load_whole(state: dict[str, Any], model: nn.Module, optimizer) -> None:
     saved = state["optimizer"]
     if "state" not in saved:
         raise CheckpointError(
-            "this checkpoint's optimizer is not AdamW (Muon's?), which train.parallel=fsdp cannot shard"
+            "this checkpoint's optimizer is Muon's, which train.parallel=fsdp cannot shard: resume it with "
+            "train.parallel=ddp"
         )
     name_of = {id(param): name for name, param in model.named_parameters()}
     names = [name_of[id(param)] for group in optimizer.param_groups for param in group["params"]]
