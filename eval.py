@@ -37,7 +37,7 @@ from analysis.probes import STUDY_PROBES
 from analysis.probes.layer_importance import skip_deltas
 from model import ModelConfig, Transformer, build_model
 from model.quantize import QuantizationError, check_schemes, quantized
-from training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from training.checkpoint import CheckpointError, resolve_checkpoint
 from training.config import DataConfig, LoggerConfig, Precision, check_values, checked, register_configs
 from training.data import build_validation
 from training.errors import NormlabError
@@ -46,6 +46,7 @@ from training.loggers import WandbLogger, record_command
 from training.probes import PROBES, resolve_probe, run_probes
 from training.run_lock import discard_unused
 from training.runtime import autocast_context, resolve_device, resolve_precision
+from training.sharded_checkpoint import read_checkpoint
 
 log = logging.getLogger("normlab.eval")
 
@@ -55,7 +56,9 @@ log = logging.getLogger("normlab.eval")
 class EvalConfig:
     """eval.py: checkpoints in, metrics, samples and activation statistics out."""
 
-    checkpoint: Any = MISSING  # a run directory or .pt file, a glob of them (runs/outliers/*), or a list
+    checkpoint: Any = (
+        MISSING  # a run directory, .pt file or .dcp directory, a glob of them (runs/outliers/*), or a list
+    )
     data: Optional[DataConfig] = None  # None: each run's own data config (choose another with data=<name>)
     val_windows: Optional[int] = checked(None, ">= 1")  # None: the run's data.val_windows
     batch_size: int = checked(16, ">= 1")
@@ -100,7 +103,7 @@ def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
 
 def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> dict:
     source = resolve_checkpoint(path)
-    state = load_checkpoint(source, map_location="cpu")
+    state = read_checkpoint(source)  # a sharded (train.parallel=fsdp) one too, read whole in this one process
     model = load_model(state, source, device)
     precision = resolve_precision(cfg.precision, device)
     autocast = autocast_context(precision, device)
@@ -215,8 +218,10 @@ def checkpoint_paths(checkpoint) -> list[Path]:
         if glob.has_magic(entry):
             matched = sorted(glob.glob(entry))
             if not matched:
-                raise CheckpointError(f"checkpoint={entry} matches nothing; give run directories or .pt files")
-            paths += [Path(p) for p in matched if (Path(p) / "checkpoints").is_dir() or p.endswith(".pt")]
+                raise CheckpointError(
+                    f"checkpoint={entry} matches nothing; give run directories, .pt files or .dcp directories"
+                )
+            paths += [Path(p) for p in matched if (Path(p) / "checkpoints").is_dir() or p.endswith((".pt", ".dcp"))]
         else:
             paths.append(Path(entry))
     return paths

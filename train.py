@@ -95,9 +95,9 @@ def train_step(run: TrainingRun, step: int) -> tuple[float, float, float]:
         inputs, targets = (
             t.to(run.device, non_blocking=True) for t in run.data.train.get(step, first, tcfg.batch_size)
         )
-        # DDP averages gradients only on the last micro-step of an accumulation.
-        no_sync = run.train_model.no_sync() if dist.enabled and micro < run.settings.accum - 1 else nullcontext()
-        with no_sync:
+        # DDP averages gradients only on the last micro-step of an accumulation; FSDP reduce-scatters every one.
+        accumulating = dist.enabled and not run.sharded and micro < run.settings.accum - 1
+        with run.train_model.no_sync() if accumulating else nullcontext():
             with run.autocast:
                 terms = run.train_model(inputs, targets, z_loss=tcfg.z_loss)
             (terms.objective / run.settings.accum).backward()
@@ -169,7 +169,7 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         if tcfg.z_loss:
             step_metrics["train/z_loss"] = z_loss
         run.meter.add(run.settings.tokens_per_step, time.perf_counter() - started)
-        if not dist.is_main:
+        if not (dist.is_main or run.sharded):  # sharded, every process evaluates and saves; rank 0 logs
             continue
         metrics = {"step": done, **gradients, **measure(run, step, done, last, step_metrics)}
         progress.set_postfix(loss=f"{loss:.3f}")
@@ -183,7 +183,7 @@ def train_loop(run: TrainingRun) -> dict[str, float]:
         if every(tcfg.checkpoint_every, done, last):
             last_checkpoint = run.checkpoint(done)
     progress.close()
-    if dist.enabled:
+    if dist.enabled and not run.sharded:  # sharded, each process holds other weights
         checksum = dist.check_in_sync(run.model, run.device)
         if dist.is_main:
             log.info("all %d processes hold identical weights (checksum %.17g)", dist.world_size, checksum)

@@ -32,7 +32,8 @@ from analysis.runs import Run, RunsError, load_runs
 from analysis.stats import paired_comparison, t_interval
 from analysis.study import SATURATED, TRAINED_MARGIN
 from analysis.unigram import run_unigram_loss
-from training.checkpoint import list_checkpoints, load_checkpoint
+from training.checkpoint import list_checkpoints
+from training.sharded_checkpoint import read_checkpoint
 
 COMMAND = "python train.py -m +experiment=dyt_map"
 
@@ -92,7 +93,7 @@ def final_alphas(run: Run) -> list[float]:
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
         return []
-    state = load_checkpoint(checkpoints[-1])["model"]
+    state = read_checkpoint(checkpoints[-1])["model"]  # whole or sharded
     return [float(value) for key, value in state.items() if key.endswith(".alpha")]
 
 

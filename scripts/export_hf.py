@@ -20,14 +20,15 @@ from pathlib import Path
 
 from model import ModelConfig, build_model
 from model.hf import hf_config, hf_state_dict
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint import CheckpointError
+from training.sharded_checkpoint import read_checkpoint
 from training.tokenizer import EOS
 
 
 def export(checkpoint: Path, out_dir: Path) -> Path:
     from safetensors.torch import save_file
 
-    state = load_checkpoint(checkpoint)
+    state = read_checkpoint(checkpoint)  # whole or sharded (train.parallel=fsdp), without a process group
     model = build_model(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
     config = hf_config(model)  # raises for variants Hugging Face lacks, before anything is written
@@ -46,7 +47,9 @@ def export(checkpoint: Path, out_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint .pt file or a run directory (newest checkpoint)")
+    parser.add_argument(
+        "checkpoint", type=Path, help="a checkpoint (.pt file or .dcp directory) or a run directory (its newest)"
+    )
     parser.add_argument("out_dir", type=Path, help="folder to write config.json, model.safetensors, tokenizer")
     args = parser.parse_args(argv)
     try:

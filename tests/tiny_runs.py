@@ -46,3 +46,21 @@ def run_tiny(run_dir: Path, cache_dir: str, steps: int = 4, *extra: str) -> dict
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: torchrun starts its workers in sessions of their own, so a
+    killpg of torchrun's group does not reach them."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found

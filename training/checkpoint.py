@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import pickle
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,20 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temp files of an interrupted save are not listed)."""
-    return sorted(checkpoint_dir(run_dir).glob("step_*.pt"))
+    """Complete checkpoints, oldest first: .pt files and sharded .dcp directories (a killed save's temp files are not)."""
+    return sorted(path for path in checkpoint_dir(run_dir).glob("step_*") if path.suffix in (".pt", ".dcp"))
 
 
 def remove_partial_checkpoints(run_dir: Path) -> None:
     """Delete temp files that a save killed mid-write left behind (they were never checkpoints)."""
     for partial in checkpoint_dir(run_dir).glob(".step_*.tmp"):
-        partial.unlink()
+        shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints (all of them for 0)."""
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 def rng_states() -> dict[str, Any]:
@@ -89,20 +96,19 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` as the checkpoint of ``state['step']``, then keep only the newest ``keep``."""
     path = checkpoint_dir(run_dir) / f"step_{state['step']:07d}.pt"
     atomic_write(path, lambda tmp: torch.save(state, tmp))
-    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        old.unlink()
+    prune_checkpoints(run_dir, keep)
     return path
 
 
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint file, or the newest checkpoint of a run directory."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() or (path.suffix == ".dcp" and path.is_dir()):
         return path
     found = list_checkpoints(path)
     if not found:
         raise CheckpointError(
-            f"no checkpoint at {path}: expected a .pt file or a run directory with {CHECKPOINT_DIR}/step_*.pt"
+            f"no checkpoint at {path}: expected a .pt file, a .dcp directory or a run directory with {CHECKPOINT_DIR}/"
         )
     return found[-1]
 
@@ -122,11 +128,12 @@ class UnsafeCheckpointError(CheckpointError):
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint as data only: anything that would run code while loading is refused."""
+    """Read a checkpoint (a sharded one's header.pt) as data only: anything that would run code is refused."""
     path = resolve_checkpoint(path)
+    file = path / "header.pt" if path.is_dir() else path  # a sharded checkpoint's all but its shards
     try:
         with torch.serialization.safe_globals(_LEGACY_NUMPY_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         # The safe unpickler names the global (a class or function) it would have had to import.
         found = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]

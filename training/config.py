@@ -61,6 +61,7 @@ InitOutScale = _choice("InitOutScale", INIT_OUT_SCALES)
 WeightDecayMode = _choice("WeightDecayMode", WEIGHT_DECAY_MODES)
 OptimizerName = _choice("OptimizerName", OPTIMIZERS)
 MuonLRAdjustment = _choice("MuonLRAdjustment", MUON_LR_ADJUSTMENTS)
+Parallel = _choice("Parallel", ("ddp", "fsdp"))  # train.parallel: training/fsdp.py says what fsdp does
 
 
 # What a numeric key may hold, checked for every key of the schema before a run writes anything: the rule
@@ -274,6 +275,7 @@ class TrainConfig:
     dist_timeout_s: float = checked(
         600.0, "> 0"
     )  # a collective (or the rendezvous) waiting longer than this fails the run
+    parallel: Parallel = Parallel.ddp  # type: ignore[valid-type]  # ddp (whole copies) | fsdp (FSDP2: each process holds a shard)
 
 
 @dataclass

@@ -47,6 +47,10 @@ class MuonWithAdamW:
         self.groups = {"muon": [name for name, _, _ in matrices], "adamw": [name for name, _ in rest]}
 
     @property
+    def parts(self) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+        return self.muon, self.adamw
+
+    @property
     def param_groups(self) -> list[dict]:
         return self.muon.param_groups + self.adamw.param_groups
 

@@ -31,6 +31,7 @@ from training.adamw import adamw
 WEIGHT_DECAY_MODES = ("coupled", "independent")
 OPTIMIZERS = ("adamw", "muon")
 MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original")
+STATE_TENSORS = {torch.optim.AdamW: 2, torch.optim.Muon: 1}  # tensors of a parameter's size each keeps for it
 
 
 def build_optimizer(model: nn.Module, train_cfg, device: torch.device):
@@ -47,6 +48,22 @@ def optimizer_groups(optimizer, model: nn.Module) -> dict[str, list[str]]:
     """Which optimizer got which parameters, by name (the run record's ``runtime.optimizer_groups``)."""
     groups = getattr(optimizer, "groups", None)  # an optimizer of several (Muon's) names its own
     return groups or {"adamw": [name for name, param in model.named_parameters() if param.requires_grad]}
+
+
+def memory_per_rank(model: nn.Module, optimizer) -> dict[str, int]:
+    """Bytes this process holds for parameters, gradients and optimizer moments (its shards under FSDP; DDP's buckets,
+    one more copy of the gradients, left out): the run record's ``runtime.memory_per_rank``."""
+    parts = getattr(optimizer, "parts", (optimizer,))  # train.optimizer=muon: Muon and AdamW
+    moments = [(STATE_TENSORS[type(part)], p) for part in parts for group in part.param_groups for p in group["params"]]
+    return {
+        "param_bytes": sum(map(_held_bytes, model.parameters())),
+        "grad_bytes": sum(_held_bytes(p) for p in model.parameters() if p.requires_grad),
+        "optimizer_state_bytes": sum(count * _held_bytes(p) for count, p in moments),
+    }
+
+
+def _held_bytes(tensor: torch.Tensor) -> int:
+    return (tensor.to_local() if hasattr(tensor, "to_local") else tensor).nbytes  # a DTensor: this process's shard
 
 
 def lr_at(step: int, train_cfg) -> float:

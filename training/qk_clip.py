@@ -12,13 +12,17 @@ key with a clipped one shrinks by at most sqrt(min gamma): conservative, never a
 The logits are the raw q k^T / sqrt(d) (before any soft-cap: what the weights produce), the
 maximum over every micro-batch of the step and every process. With QK-norm the projections'
 scale is normalized away, so the two are not combined (train.qk_clip is refused with norm.qk).
+Under train.parallel=fsdp each process rescales the rows of its own shard.
 ``train.qk_clip`` registers ``QKClip`` as a post-step hook (training/post_step.py).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
 
 from model.attention import Attention
 from training.distributed import Distributed
@@ -34,6 +38,17 @@ def track_max_logits(model: nn.Module) -> None:
         attention.track_max_logits()
 
 
+def local_rows(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The rows of ``weight`` that this process holds, and the index of the first: all of them, or under
+    train.parallel=fsdp its shard along dim 0 (FSDP2 gives rank r rows [r c, (r + 1) c), c = ceil(rows / ranks))."""
+    if not isinstance(weight, DTensor):
+        return weight, 0
+    if tuple(weight.placements) != (Shard(0),):
+        raise ValueError(f"QK-clip expects FSDP's row shards, got {weight.placements}: use train.parallel=ddp")
+    per_rank = math.ceil(weight.shape[0] / weight.device_mesh.size())
+    return weight.to_local(), min(weight.device_mesh.get_local_rank() * per_rank, weight.shape[0])
+
+
 @torch.no_grad()
 def clip_heads(attention: Attention, max_logits: torch.Tensor, tau: float) -> int:
     """Rescale ``attention``'s q and k rows for heads whose ``max_logits`` exceed ``tau``; returns how many."""
@@ -41,13 +56,14 @@ def clip_heads(attention: Attention, max_logits: torch.Tensor, tau: float) -> in
     if not over.any():
         return 0
     gamma = torch.where(over, tau / max_logits, torch.ones_like(max_logits))
-    hd, group = attention.head_dim, attention.n_heads // attention.n_kv_heads
-    weight = attention.qkv_proj.weight  # rows [q heads | k heads | v heads], head_dim rows each
-    q_rows = weight[: attention.n_heads * hd].view(attention.n_heads, hd, -1)
-    q_rows.mul_(gamma.sqrt().to(weight.dtype)[:, None, None])
-    k_rows = weight[attention.n_heads * hd : (attention.n_heads + attention.n_kv_heads) * hd]
+    group = attention.n_heads // attention.n_kv_heads
     key_gamma = gamma.view(attention.n_kv_heads, group).amin(dim=1)
-    k_rows.view(attention.n_kv_heads, hd, -1).mul_(key_gamma.sqrt().to(weight.dtype)[:, None, None])
+    # one factor per row of the fused weight: [q heads | k heads | v heads], head_dim rows each
+    factors = torch.cat([gamma.sqrt(), key_gamma.sqrt(), torch.ones_like(key_gamma)]).repeat_interleave(
+        attention.head_dim
+    )
+    rows, first = local_rows(attention.qkv_proj.weight)
+    rows.mul_(factors[first : first + rows.shape[0], None].to(rows.dtype))
     return int(over.sum())
 
 

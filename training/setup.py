@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import ModelConfig, Transformer, build_model
 from norms.cpu.rms_norm import flush_denormals
@@ -36,7 +36,7 @@ from training.distributed import Distributed
 from training.loggers import Loggers, open_loggers
 from training.metrics_file import diverged_step, read_metrics
 from training.nonfinite import NonFinitePolicy
-from training.optim import build_optimizer, optimizer_groups
+from training.optim import build_optimizer, memory_per_rank, optimizer_groups
 from training.post_step import PostStepHook, post_step_hooks
 from training.probes import Probe, resolve_probe
 from training.run_record import check_resume, check_same_data
@@ -74,9 +74,10 @@ class TrainingRun:
     dist: Distributed
     settings: RunSettings
     data: Data
-    model: Transformer  # the plain module: probes, checkpoints and evaluation use it
+    model: Transformer  # the plain module (sharded in place under FSDP): probes, checkpoints and evaluation use it
     compiled: torch.nn.Module  # what steps and evaluation run (torch.compile'd when on)
-    train_model: torch.nn.Module  # compiled, wrapped in DDP under torchrun
+    train_model: torch.nn.Module  # compiled, wrapped in DDP under torchrun (FSDP: the sharded model)
+    sharded: bool  # train.parallel=fsdp: every process evaluates, probes and saves (collectives), rank 0 logs
     model_cfg: ModelConfig
     optimizer: torch.optim.Optimizer  # or training.muon.MuonWithAdamW, which steps like one
     post_step_hooks: list[PostStepHook]  # after every optimizer step (training/post_step.py)
@@ -100,15 +101,19 @@ class TrainingRun:
     def checkpoint(self, step: int) -> Path:
         state = {
             "step": step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "rng": rng_states(),
             "model_config": self.model_cfg.to_dict(),
             "config": self.run_config,
             "tokenizer": self.data.tokenizer.to_str(),
             "elapsed_s": self.elapsed(),
         }
-        return save_checkpoint(self.run_dir, state, self.cfg.train.keep_checkpoints)
+        keep = self.cfg.train.keep_checkpoints
+        if self.sharded:  # each process writes its shards
+            from training.sharded_checkpoint import save_sharded
+
+            return save_sharded(self.run_dir, state, self.model, self.optimizer, keep, self.dist)
+        state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+        return save_checkpoint(self.run_dir, state, keep)
 
 
 def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -> RunSettings:
@@ -123,6 +128,10 @@ def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = split_global_batch(cfg.train, seq_len, dist.world_size)
     check_logit_controls(cfg)
+    if cfg.train.parallel == "fsdp":
+        from training.fsdp import check_config
+
+        check_config(cfg)
     try:  # the model on the meta device (no memory, no data): a bad norm choice fails here, first
         with torch.device("meta"):
             post_step_hooks(build_model(build_model_config(cfg, cfg.data.vocab_size)), cfg.train, dist)
@@ -178,7 +187,7 @@ def seeded_model(cfg: DictConfig, data: Data, device: torch.device) -> tuple[Tra
     seed_everything(cfg.seed)
     try:
         model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size())
-        model = build_model(model_cfg).to(device)
+        model = build_model(model_cfg).to("cpu" if cfg.train.parallel == "fsdp" else device)  # FSDP moves shards
     except ValueError as err:  # a bad model shape or norm option
         raise ConfigError(f"model/norm config: {err}") from err
     return model, model_cfg
@@ -201,8 +210,13 @@ def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data,
             f"{source} was trained with another tokenizer than data={cfg.data.name} now gives; "
             "use the same data settings, or a new run directory (run_name=...)"
         )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    if source.suffix == ".dcp" or cfg.train.parallel == "fsdp":  # shards in, or out (training/sharded_checkpoint.py)
+        from training.sharded_checkpoint import restore_into
+
+        restore_into(source, state, model, optimizer)
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     restore_rng_states(state["rng"])
     return state["step"], source, state["elapsed_s"]
 
@@ -236,6 +250,7 @@ def runtime_record(
         "torch": str(torch.__version__),
         "compiled": compiled,
         "optimizer_groups": optimizer_groups(optimizer, model),
+        "memory_per_rank": memory_per_rank(model, optimizer),
     }
 
 
@@ -253,17 +268,21 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     if resume_entry is not None:
         check_same_data(resume_entry, data.fingerprint, run_dir)
     model, model_cfg = seeded_model(cfg, data, device)
-    optimizer = build_optimizer(model, cfg.train, device)
+    hooks = post_step_hooks(model, cfg.train, dist)  # before compiling and sharding: a hook may set the model up
+    use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
+    if cfg.train.parallel == "fsdp":  # in place, the blocks compiled first when compiling (training/fsdp.py)
+        from training.fsdp import shard
+
+        compiled = train_model = shard(model, device, dist, use_compile, settings.precision)
+    else:
+        compiled = train_model = torch.compile(model) if use_compile else model
+        if dist.enabled:
+            train_model = DDP(compiled, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = build_optimizer(model, cfg.train, device)  # on the shards, under FSDP
     start_step, resumed_from, elapsed_before = restore(run_dir, model, optimizer, model_cfg, data, cfg, dist)
     if resumed_from and start_step >= cfg.train.max_steps:
         log.info("%s finished at step %d: nothing to train (a rerun of a sweep skips it)", run_dir, start_step)
         return None
-    hooks = post_step_hooks(model, cfg.train, dist)  # before compiling: a hook may set the model up
-    use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
-    compiled = torch.compile(model) if use_compile else model
-    train_model = compiled
-    if dist.enabled:
-        train_model = DistributedDataParallel(compiled, device_ids=[device.index] if device.type == "cuda" else None)
     peak = peak_flops(device, settings.precision, cfg.train.peak_flops)
     runtime = runtime_record(model, settings, device, dist, use_compile, peak, optimizer, data.fingerprint)
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
@@ -283,6 +302,7 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
         model=model,
         compiled=compiled,
         train_model=train_model,
+        sharded=cfg.train.parallel == "fsdp",
         model_cfg=model_cfg,
         optimizer=optimizer,
         post_step_hooks=hooks,

@@ -5,11 +5,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
-from tiny_runs import ROOT, read_metrics, tiny_overrides
+from tiny_runs import ROOT, descendants, read_metrics, tiny_overrides
 
 from training.cpu_threads import available_cores
 
@@ -83,24 +82,6 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, overrides,
     assert got == pytest.approx(expected, rel=1e-4)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``: torchrun starts its workers in sessions of their own, so a
-    killpg of torchrun's group does not reach them."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, frontier = [], [pid]
-    while frontier:
-        children = parents.get(frontier.pop(), [])
-        found += children
-        frontier += children
-    return found
-
-
 def test_killed_ddp_run_resumes_exactly(tmp_path, overrides, ddp_run):
     process = subprocess.Popen(
         _torchrun(overrides, tmp_path), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -112,7 +93,7 @@ def test_killed_ddp_run_resumes_exactly(tmp_path, overrides, ddp_run):
             break
         time.sleep(0.01)
     assert process.poll() is None, "the run finished before it could be killed"
-    for pid in [process.pid, *_descendants(process.pid)]:  # torchrun and both workers, at once
+    for pid in [process.pid, *descendants(process.pid)]:  # torchrun and both workers, at once
         os.kill(pid, signal.SIGKILL)
     process.wait()
     killed_at = len(metrics.read_text().splitlines())

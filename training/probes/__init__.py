@@ -1,8 +1,8 @@
 """The probe pass: statistics of a model's activations on a batch of its own, every ``train.stats_every`` steps.
 
 Each probe (one class, one file) attaches forward hooks, collects its values and declares the
-keys it writes. The pass runs in eval mode, under ``torch.no_grad``, on the uncompiled model,
-so the training steps in between carry no hooks and no cost. A run chooses its probes by config,
+keys it writes. The pass runs in eval mode, under ``torch.no_grad``, eagerly (FSDP compiles blocks in
+place), so the training steps in between carry no hooks and no cost. A run chooses its probes by config,
 ``train.probes``: the core's below by name, any other (the studies', analysis/probes/, or one of
 your own) by its import path ``package.module:Class``. Each is imported only when chosen.
 """
@@ -86,7 +86,7 @@ def run_probes(
             probe.attach(model)
         sync(inputs.device)
         started = time.perf_counter()
-        with autocast:
+        with autocast, torch.compiler.set_stance("force_eager"):  # eager even where modules are compiled in place
             model(inputs)
         sync(inputs.device)
         forward_seconds = time.perf_counter() - started - sum(probe.hook_seconds for probe in probes)

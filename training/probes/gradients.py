@@ -17,5 +17,6 @@ def layer_grad_norms(model: nn.Module) -> dict[str, float]:
             continue
         parts = name.split(".")
         group = ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
-        squares[group] += param.grad.detach().float().pow(2).sum().item()
+        square = param.grad.detach().float().pow(2).sum()  # under FSDP a DTensor, whose full value sums the shards
+        squares[group] += (square.full_tensor() if hasattr(square, "full_tensor") else square).item()
     return {f"grad/{group}": value**0.5 for group, value in squares.items()}
