@@ -298,10 +298,15 @@ def write_report(
     shared = shared_switches([r.run.config["variant"] for r in results])
     recipe = f" Every variant's label also has `{'-'.join(shared)}`, left out below." if shared else ""
     title = (read_plan(inputs) or {}).get("title") or StudySpec.title
+    rates = ", ".join(f"{lr:g}" for lr in study.grid)
+    grid_line = (
+        f"The common grid: {len(study.grid)} learning rates ({rates})"
+        if len(study.grid) >= MIN_COMMON_RATES
+        else f"Each variant ran its own grid of rates (the table's columns; they share {len(study.grid)}: {rates})"
+    )
     report = f"""# {title}
 
-{len(results)} runs of {len(summaries)} variants. The common grid: {len(study.grid)} learning rates
-({", ".join(f"{lr:g}" for lr in study.grid)}); further rates where a variant's best sat at an edge. Runs of
+{len(results)} runs of {len(summaries)} variants. {grid_line}; further rates where a variant's best sat at an edge. Runs of
 one seed share the data order and, where shapes agree, the initial weights, so variants are compared
 paired by seed. Each variant's seeds ({seed_summary(data)}) have two jobs: its **selection seeds** ran every
 rate and chose its best rate; its **report seeds** ran at that rate only, after it was chosen, and report
