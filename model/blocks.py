@@ -7,10 +7,15 @@ With F the attention or MLP branch and N a norm, each block applies, for F = att
     peri       h = x + N_out(F(N_in(x)))    Gemma 2/3, Peri-LN (Kim et al. 2025)
     reordered  h = x + N(F(x))              OLMo 2
     deepnorm   h = N(alpha x + F(x))        DeepNet (Wang et al. 2022)    no final norm
+    hybrid     h = x + A_qkv(x)             HybridNorm (Zhuo et al. 2025) A_qkv: q, k and v normalized
+               out = N(h) + M(N(h))
+    pre_qkv    h = x + A_qkv(N(x))          HybridNorm*'s first block
+               out = h + M(N(h))
 
 A model may mix placements layer by layer (``layer_placements``); ``mix_ln`` is the mix of
 Mix-LN (Li et al. 2024, arXiv 2412.13795): post-norm in the first floor(post_fraction * L)
-layers, pre-norm after them. The model has a final norm when its last block wants one.
+layers, pre-norm after them; ``hybrid_star`` is HybridNorm*: ``pre_qkv`` in the first layer, ``hybrid``
+after it. The model has a final norm when its last block wants one.
 ``ngpt`` is no block of this table but a model of its own (model/ngpt.py), whose block is
 h = N(h + a (N(F(h)) - h)) with h on the unit sphere.
 
@@ -47,14 +52,27 @@ class Block(nn.Module):
     """The branches and the norms that a placement's ``roles`` name; subclasses write the formula."""
 
     roles: tuple[str, ...] = ()
+    attention_norms: tuple[str, ...] = ()  # q, k, v: normalized inside attention by this placement
     has_final_norm = True
+    # SimpleNorm's norm after every projection (norm.after_linear) composes with a placement that does not
+    # normalize a projection's output again (a branch output, or q, k and v).
+    takes_after_linear = True
+    # The norms whose output only a branch's input linear layers read, and that branch: where a gain can fold
+    # (model/fold.py).
+    gain_readers: dict[str, str] = {}
     attention_class, mlp_class = Attention, SwiGLU
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
+        if cfg.after_linear_norm is not None and not self.takes_after_linear:
+            raise ValueError(
+                f"norm.after_linear normalizes every projection's output, which {type(self).__name__} normalizes "
+                "again: use it with norm.placement=pre (SimpleGPT's blocks, whose input norm only adds a gain "
+                "there), post or deepnorm"
+            )
         self.cfg, self.layer = cfg, layer
         self._add_norm(cfg, "attn_in")
-        self.attn = self.attention_class(cfg)
+        self.attn = self.attention_class(cfg, self.attention_norms)
         self._add_norm(cfg, "attn_out")
         self._add_norm(cfg, "attn_update")
         self._add_norm(cfg, "mlp_in")
@@ -97,6 +115,7 @@ class PreNormBlock(Block):
     """h = x + attn(N(x)); out = h + mlp(N(h))."""
 
     roles = ("attn_in", "mlp_in")
+    gain_readers = {"attn_norm": "attn", "mlp_norm": "mlp"}
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
         mlp_in, h = self.mlp_norm(self.attention(self.attn_norm(x), cos, sin, cache, start_pos), residual=x)
@@ -119,6 +138,8 @@ class PeriNormBlock(Block):
     """h = x + N_out(attn(N_in(x))); out = h + N_out(mlp(N_in(h)))."""
 
     roles = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+    takes_after_linear = False
+    gain_readers = PreNormBlock.gain_readers  # the output norms' gains feed the residual stream
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
         attn_out = self.attn_out_norm(self.attention(self.attn_norm(x), cos, sin, cache, start_pos))
@@ -130,6 +151,7 @@ class ReorderedBlock(Block):
     """h = x + N(attn(x)); out = h + N(mlp(h))."""
 
     roles = ("attn_out", "mlp_out")
+    takes_after_linear = False
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
         h = x + self.attn_out_norm(self.attention(x, cos, sin, cache, start_pos))
@@ -175,15 +197,42 @@ class DeepNormBlock(Block):
             weight[rows] *= gain * math.sqrt(2 / (fan_in + fan_out)) / self.cfg.init_std
 
 
+class HybridBlock(Block):
+    """h = x + attn(x) with q, k and v normalized; out = N(h) + mlp(N(h)).
+
+    HybridNorm (Zhuo et al. 2025, arXiv 2503.04598, Sec. 3): QKV-norm inside attention and no norm on its
+    input; the norm after the attention's residual add feeds the MLP and is the residual it adds to (the
+    paper's "Post-Norm in the FFN"). q, k and v take norm.qk / norm.v where set, the stream's norm otherwise.
+    """
+
+    roles = ("mlp_in",)
+    attention_norms = ("q", "k", "v")
+    takes_after_linear = False
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+        normed, _ = self.mlp_norm(self.attention(x, cos, sin, cache, start_pos), residual=x)
+        return normed + self.feed_forward(normed)
+
+
+class PreQKVNormBlock(PreNormBlock):
+    """Pre-norm with q, k and v normalized inside attention: HybridNorm*'s first block (the paper's Sec. 3.3:
+    its authors' code gives layer 0 an attention input norm and a pre-norm MLP)."""
+
+    attention_norms = ("q", "k", "v")
+    takes_after_linear = False
+
+
 BLOCKS: dict[str, type[Block]] = {
     "pre": PreNormBlock,
     "post": PostNormBlock,
     "peri": PeriNormBlock,
     "reordered": ReorderedBlock,
     "deepnorm": DeepNormBlock,
+    "hybrid": HybridBlock,
+    "pre_qkv": PreQKVNormBlock,
 }
 # norm.placement: a block for every layer, a mix of blocks by layer, or nGPT's model (model/__init__.py MODELS).
-PLACEMENTS = (*BLOCKS, "mix_ln", "ngpt")
+PLACEMENTS = (*BLOCKS, "mix_ln", "hybrid_star", "ngpt")
 
 
 def layer_placements(cfg: ModelConfig) -> list[str]:
@@ -193,6 +242,8 @@ def layer_placements(cfg: ModelConfig) -> list[str]:
     if cfg.placement == "mix_ln":
         post = math.floor(cfg.post_fraction * cfg.n_layers)
         return ["post"] * post + ["pre"] * (cfg.n_layers - post)
+    if cfg.placement == "hybrid_star":
+        return ["pre_qkv"] + ["hybrid"] * (cfg.n_layers - 1)
     return [cfg.placement] * cfg.n_layers
 
 

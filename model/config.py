@@ -15,6 +15,8 @@ EMBED_SCALES = (
 )  # none | x sqrt(d_model) (Gemma) | a learned scalar from sqrt(d_model) (DyT)
 INIT_OUT_SCALES = ("inverse_sqrt_2l", "none")  # output projections' init std divided by sqrt(2 n_layers), or not
 DEPTH_SCALINGS = ("none", "inverse_sqrt")  # LayerNorm Scaling: the norms of layer l (1-based) scaled by 1/sqrt(l)
+ATTN_GATES = ("none", "headwise", "elementwise")  # sigmoid gate on attention's output (model/attention.py)
+ATTN_SINKS = ("none", "learned")  # a learned logit per head in the softmax's denominator (gpt-oss)
 
 
 @dataclass
@@ -34,7 +36,10 @@ class ModelConfig:
     layer_placements: Optional[List[str]] = None  # one placement per layer; overrides placement
     post_fraction: float = 0.25  # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers
     qk_norm: Optional[str] = None  # a norm type on q and k before RoPE, or None
-    qk_axis: str = "head"  # head: over each head's features (Qwen3); all: over all heads at once (OLMo 2)
+    qk_axis: str = "head"  # head: over each head's features (Qwen3); all: over all heads at once (OLMo 2); v too
+    v_norm: Optional[str] = None  # a norm type on v (QKV-norm with qk_norm), over qk_axis, or None
+    # SimpleNorm (SimpleGPT, arXiv 2602.01212): a norm of this type after every linear layer of the blocks
+    after_linear_norm: Optional[str] = None
     norm_role_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # role -> options
     norm_depth_scaling: str = "none"  # none | inverse_sqrt (LayerNorm Scaling, arXiv 2502.05795)
     tie_embeddings: bool = True
@@ -49,6 +54,8 @@ class ModelConfig:
     # A norm type on the embeddings and before the LM head, whatever the blocks use (the OP block's
     # LayerNorms at both ends of a stack without norms); None: no embedding norm, the final norm is `norm`
     outer_norm: Optional[str] = None
+    attn_gate: str = "none"  # none | headwise | elementwise: sigmoid output gate (Qiu et al. 2025)
+    attn_sink: str = "none"  # none | learned: one learned logit per head in the softmax's denominator (gpt-oss)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -61,6 +68,8 @@ class ModelConfig:
             ("model.embed_scale", self.embed_scale, EMBED_SCALES),
             ("model.init_out_scale", self.init_out_scale, INIT_OUT_SCALES),
             ("norm.depth_scaling", self.norm_depth_scaling, DEPTH_SCALINGS),
+            ("model.attn_gate", self.attn_gate, ATTN_GATES),
+            ("model.attn_sink", self.attn_sink, ATTN_SINKS),
         ):
             if value not in allowed:
                 raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {value!r}")

@@ -46,6 +46,11 @@ def hf_model_type(model: Transformer) -> str:
         "norm.layer_placements": cfg.layer_placements is not None,
         "model.residual_scale": cfg.residual_scale is not None,
         "model.outer_norm": cfg.outer_norm is not None,
+        # Qwen3-Next gates its attention and gpt-oss has sinks, but beside other changes (linear attention, experts)
+        f"model.attn_gate={cfg.attn_gate}": cfg.attn_gate != "none",
+        f"model.attn_sink={cfg.attn_sink}": cfg.attn_sink != "none",
+        "norm.v": cfg.v_norm is not None,
+        "norm.after_linear": cfg.after_linear_norm is not None,
     }
     unheld = [feature for feature, used in features.items() if used]
     if unheld:

@@ -68,8 +68,17 @@ class NGPTAttention(Attention):
     attention k has fewer heads, so it has a scale vector of its own (``s_k``), both stored as ``s_qk``'s.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, normed: tuple[str, ...] = ()) -> None:
+        unsupported = {
+            "model.attn_gate": cfg.attn_gate != "none",
+            "model.attn_sink": cfg.attn_sink != "none",
+            "norm.v": cfg.v_norm is not None,
+            "norm.after_linear": cfg.after_linear_norm is not None,
+        }
+        for key, used in unsupported.items():
+            if used:
+                raise ValueError(f"nGPT's attention (norm=ngpt) has no {key}: drop it, or choose another norm")
+        super().__init__(cfg, normed)
         if cfg.attn_softcap is not None:
             raise ValueError("nGPT's attention logits are bounded by its unit q and k: drop model.attn_softcap")
         unit = ModelConfig(**{**cfg.to_dict(), "qk_norm": cfg.norm})  # q and k take the stream's L2 norm
@@ -88,7 +97,7 @@ class NGPTAttention(Attention):
         k = self.k_unit(k) * self.s_k().view(self.n_kv_heads, 1, self.head_dim)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)
-        self.scores(q, k, start_pos)
+        self.scores(q, k, start_pos, None)
         out = self._sdpa(q, k, v, start_pos, scale=self.scores.scale)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 

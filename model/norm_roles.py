@@ -2,10 +2,12 @@
 
 Every norm instance has a role: ``attn_in`` and ``mlp_in`` (before a branch), ``attn_out``
 and ``mlp_out`` (after a branch), ``attn_update`` and ``mlp_update`` (the stream after a branch's
-update, nGPT), ``final`` (before the LM head), ``embed`` (after the embeddings), ``q`` and ``k``
-(QK-norm, inside attention). The stream's norms take ``cfg.norm`` with ``cfg.norm_options``; q and k
-take ``cfg.qk_norm``, and ``embed`` and ``final`` take ``cfg.outer_norm`` when it is set, each with
-the stream's options only when it is the same type. Options set
+update, nGPT), ``final`` (before the LM head), ``embed`` (after the embeddings), ``q``, ``k`` and ``v``
+(QKV-norm, inside attention), and SimpleNorm's ``q_proj`` ... ``down_proj`` (right after that linear
+layer). The stream's norms take ``cfg.norm`` with ``cfg.norm_options``; q and k take ``cfg.qk_norm`` and
+v ``cfg.v_norm`` (the stream's type where a placement normalizes them unasked: HybridNorm), the linear
+layers' ``cfg.after_linear_norm``, and ``embed`` and ``final`` take ``cfg.outer_norm`` when it is set, each
+with the stream's options only when it is the same type. Options set
 for one role (``cfg.norm_role_options[role]``) override both, e.g. DyT's initial alpha of
 0.8 for ``attn_in`` and 0.2 elsewhere (the DyT paper's LLaMA 7B setup).
 """
@@ -15,7 +17,11 @@ from __future__ import annotations
 from model.config import ModelConfig
 from norms import Norm, build_norm
 
-ROLES = ("attn_in", "mlp_in", "attn_out", "mlp_out", "attn_update", "mlp_update", "final", "embed", "q", "k")
+AFTER_LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ROLES = (
+    "attn_in", "mlp_in", "attn_out", "mlp_out", "attn_update", "mlp_update", "final", "embed", "q", "k", "v",
+    *AFTER_LINEAR_ROLES,
+)  # fmt: skip
 QK_AXES = ("head", "all")
 
 
@@ -29,18 +35,24 @@ def check_role_options(cfg: ModelConfig) -> None:
 
 def norm_for(cfg: ModelConfig, role: str, dim: int) -> Norm:
     """The norm of ``role`` over ``dim`` features, tagged with its role."""
-    qk = role in ("q", "k")
+    qk = role in ("q", "k", "v")
     outer = role in ("embed", "final") and cfg.outer_norm is not None
-    name = cfg.qk_norm if qk else cfg.outer_norm if outer else cfg.norm
+    if qk:
+        name = (cfg.v_norm if role == "v" else cfg.qk_norm) or cfg.norm
+    elif role in AFTER_LINEAR_ROLES:
+        name = cfg.after_linear_norm
+    else:
+        name = cfg.outer_norm if outer else cfg.norm
     options = dict(cfg.norm_options) if name == cfg.norm else {}
     options.update(cfg.norm_role_options.get(role, {}))
     try:
         norm = build_norm(name, dim, **options)
     except ValueError as err:
-        where = f"the {role} norm (norm.qk={name}, {dim} features per {cfg.qk_axis})" if qk else f"the {role} norm"
+        key = "norm.v" if role == "v" else "norm.qk"
+        where = f"the {role} norm ({key}={name}, {dim} features per {cfg.qk_axis})" if qk else f"the {role} norm"
         raise ValueError(
             f"{where}: {err}. (norm.<option> sets an option for every norm of the residual stream, "
-            f"norm.roles.{role}.<option> for this role alone{'; or choose another norm.qk' if qk else ''}.)"
+            f"norm.roles.{role}.<option> for this role alone{f'; or choose another {key}' if qk else ''}.)"
         ) from None
     norm.role = role
     return norm

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from model.blocks import PLACEMENTS
-from model.config import DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
+from model.config import ATTN_GATES, ATTN_SINKS, DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
 from model.norm_roles import QK_AXES, ROLES
 from norms import GAINS
 from training.errors import NormlabError
@@ -58,6 +58,8 @@ WandbMode = _choice("WandbMode", WANDB_MODES)
 DepthScaling = _choice("DepthScaling", DEPTH_SCALINGS)
 EmbedScale = _choice("EmbedScale", EMBED_SCALES)
 InitOutScale = _choice("InitOutScale", INIT_OUT_SCALES)
+AttnGate = _choice("AttnGate", ATTN_GATES)
+AttnSink = _choice("AttnSink", ATTN_SINKS)
 WeightDecayMode = _choice("WeightDecayMode", WEIGHT_DECAY_MODES)
 OptimizerName = _choice("OptimizerName", OPTIMIZERS)
 MuonLRAdjustment = _choice("MuonLRAdjustment", MUON_LR_ADJUSTMENTS)
@@ -143,6 +145,9 @@ class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
     placement: Placement = Placement.pre  # type: ignore[valid-type]  # model/blocks.py PLACEMENTS: pre | post | peri | reordered | deepnorm | mix_ln | ngpt
     qk: Optional[str] = None  # a norm type for q and k inside attention (QK-norm), or null for none
     qk_axis: QKAxis = QKAxis.head  # type: ignore[valid-type]  # head: per attention head (Qwen3) | all: over all heads (OLMo 2)
+    v: Optional[str] = None  # a norm type for v (QKV-norm with qk), over qk_axis, or null for none
+    # SimpleNorm: a norm type after every linear layer of the blocks (q, k, v, o, gate, up, down), or null
+    after_linear: Optional[str] = None
     roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
     # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers, pre-norm after (Mix-LN)
     post_fraction: float = checked(0.25, "in [0, 1]")
@@ -158,9 +163,11 @@ class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
 # the norm group), plus a preset name used in run names.
 _NORM_GROUP_FIELDS = (
     "norm", "norm_options", "placement", "layer_placements", "post_fraction", "qk_norm", "qk_axis",
-    "norm_role_options", "norm_depth_scaling",
+    "norm_role_options", "norm_depth_scaling", "v_norm", "after_linear_norm",
 )  # fmt: skip
-_MODEL_CHOICES = {"embed_scale": EmbedScale, "init_out_scale": InitOutScale}
+_MODEL_CHOICES = {
+    "embed_scale": EmbedScale, "init_out_scale": InitOutScale, "attn_gate": AttnGate, "attn_sink": AttnSink,
+}  # fmt: skip
 _MODEL_RULES = {
     **dict.fromkeys(("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden"), ">= 1"),
     **dict.fromkeys(("mlp_multiple_of", "max_seq_len"), ">= 1"),
@@ -325,6 +332,8 @@ def build_model_config(cfg, vocab_size: int) -> ModelConfig:
         post_fraction=norm.post_fraction,
         qk_norm=norm.qk,
         qk_axis=plain(norm.qk_axis),
+        v_norm=norm.v,
+        after_linear_norm=norm.after_linear,
         norm_depth_scaling=plain(norm.depth_scaling),
         norm_role_options=norm.role_options(),
     )

@@ -11,7 +11,8 @@ key with a clipped one shrinks by at most sqrt(min gamma): conservative, never a
 
 The logits are the raw q k^T / sqrt(d) (before any soft-cap: what the weights produce), the
 maximum over every micro-batch of the step and every process. With QK-norm the projections'
-scale is normalized away, so the two are not combined (train.qk_clip is refused with norm.qk).
+scale is normalized away, so the two are not combined (train.qk_clip is refused with norm.qk, HybridNorm's
+placements and norm.after_linear).
 Under train.parallel=fsdp each process rescales the rows of its own shard.
 ``train.qk_clip`` registers ``QKClip`` as a post-step hook (training/post_step.py).
 """
@@ -87,6 +88,11 @@ class QKClip:
             raise ValueError(
                 "train.qk_clip rescales the q and k projections, which nGPT renormalizes after every step "
                 "(its logits are bounded by s_qk^2 sqrt(d_head)): drop train.qk_clip"
+            )
+        if any(attention.normalizes_qk for attention in attentions(model)):
+            raise ValueError(
+                "train.qk_clip rescales the q and k projections, whose scale this model's norms on q and k "
+                "(norm.qk, norm.placement=hybrid or hybrid_star, norm.after_linear) normalize away: use one of them"
             )
         self.model, self.tau, self.dist = model, tau, dist
         track_max_logits(model)

@@ -127,7 +127,6 @@ def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -
     if seq_len > cfg.model.max_seq_len:
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = split_global_batch(cfg.train, seq_len, dist.world_size)
-    check_logit_controls(cfg)
     if cfg.train.parallel == "fsdp":
         from training.fsdp import check_config
 
@@ -139,14 +138,6 @@ def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -
     except ValueError as err:
         raise ConfigError(f"model/norm config: {err}") from err
     return RunSettings(precision, cpu_threads, threads_why, seq_len, global_batch, accum, probes)
-
-
-def check_logit_controls(cfg: DictConfig) -> None:
-    if cfg.train.qk_clip is not None and cfg.norm.qk is not None:
-        raise ConfigError(
-            "train.qk_clip rescales the q and k projections, which QK-norm normalizes away: "
-            "use one of train.qk_clip and norm.qk, not both"
-        )
 
 
 def check_run_identity(cfg: DictConfig, run_dir: Path, settings: RunSettings) -> dict | None:

@@ -26,6 +26,11 @@ def _qk_part(qk: str | None, get: Lookup) -> str | None:
     return "qk" + ("" if qk == get("norm.name") else f"_{qk}") + ("_all" if get("norm.qk_axis") == "all" else "")
 
 
+def _norm_part(prefix: str) -> Callable[[Any, Lookup], str | None]:
+    """``prefix`` for a norm type that is the stream's, ``prefix_<type>`` for another, nothing for none."""
+    return lambda name, get: None if not name else prefix + ("" if name == get("norm.name") else f"_{name}")
+
+
 def _number(prefix: str) -> Callable[[Any, Lookup], str | None]:
     return lambda value, get: None if value is None else f"{prefix}{value:g}"
 
@@ -36,12 +41,16 @@ SWITCHES = (
         lambda v, get: None if v == "pre" else f"mix_ln{get('norm.post_fraction'):g}" if v == "mix_ln" else str(v),
     ),
     Switch("norm.qk", _qk_part),
+    Switch("norm.v", _norm_part("v")),
+    Switch("norm.after_linear", _norm_part("after_linear")),
     Switch("norm.gain", lambda v, get: None if v in (None, "standard") else f"gain_{v}"),
     Switch("norm.depth_scaling", lambda v, get: None if v == "none" else "lns"),
     Switch("model.embed_scale", lambda v, get: None if v == "none" else f"embed_{v}"),
     Switch("model.init_out_scale", lambda v, get: "init_out_none" if v == "none" else None),
     Switch("model.logit_softcap", _number("softcap")),
     Switch("model.attn_softcap", _number("attncap")),
+    Switch("model.attn_gate", lambda v, get: None if v == "none" else f"gate_{v}"),
+    Switch("model.attn_sink", lambda v, get: None if v == "none" else f"sink_{v}"),
     Switch("train.z_loss", lambda v, get: f"zloss{v:g}" if v else None),
     Switch("train.qk_clip", _number("qkclip")),
     Switch("train.weight_decay_mode", lambda v, get: "wd_independent" if v == "independent" else None),

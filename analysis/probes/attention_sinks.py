@@ -1,7 +1,8 @@
 """Attention sinks (Xiao et al. 2023; Sun et al. 2024): heads that park their attention on the first
 position. ``sink_mass`` is the mean weight that queries (all but the first, which can only attend
 to itself) give position 0; ``sink_heads`` the share of heads whose own mean exceeds 0.3. The
-weights are the softmax of the scores as the model forms them (after any soft-cap).
+weights are the softmax of the scores as the model forms them (after any soft-cap, with any learned
+sink logit in the denominator: a learned sink takes weight that position 0 would otherwise hold).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.attention import ScoresTap, masked_scores
+from model.attention import ScoresTap, masked_scores, sink_softmax
 from training.probes.base import Probe
 
 SINK_THRESHOLD = 0.3
@@ -33,10 +34,10 @@ class AttentionSinks(Probe):
 
     def _measure(self, index: int):
         def measure(module: ScoresTap, args, output) -> None:
-            q, k, start_pos = args
+            q, k, start_pos, sink_logits = args
             if start_pos != 0 or q.shape[2] < 2:  # a cached decoding step does not see position 0 as a query would
                 return
-            weights = masked_scores(q.float(), k.float(), 0, module.softcap, module.scale).softmax(-1)
+            weights = sink_softmax(masked_scores(q.float(), k.float(), 0, module.softcap, module.scale), sink_logits)
             for key, value in sink_stats(weights).items():
                 self.values[f"attn/layers.{index}/{key}"] = value
 

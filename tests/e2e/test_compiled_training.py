@@ -19,12 +19,15 @@ from training.setup import resolve_settings
 
 STEPS = 4
 # Every logit control compiled at once (z-loss, both soft-caps and QK-clip's max-logit tracking
-# and rescaling): one compilation instead of one per control.
+# and rescaling), with the attention's output gate and learned sinks (the explicit softmax path the cap
+# takes too): one compilation instead of one per switch.
 LOGIT_CONTROLS = (
     "train.z_loss=1e-4",
     "model.logit_softcap=30",
     "model.attn_softcap=50",
     "train.qk_clip=0.05",
+    "model.attn_gate=elementwise",
+    "model.attn_sink=learned",
 )  # tiny: clips
 
 

@@ -294,7 +294,10 @@ def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
         ("norm.post_fraction=1.5", "norm.post_fraction=1.5 is not allowed: it must be in \\[0, 1\\]"),
         ("norm.layer_placements=[pre,post,pre]", "norm.layer_placements has 3 entries for model.n_layers=2"),
         ("norm.layer_placements=[pre,side]", "unknown norm.placement 'side'; choose one of: pre, post"),
-        ("train.qk_clip=100 norm.qk=rmsnorm", "use one of train.qk_clip and norm.qk, not both"),
+        ("train.qk_clip=100 norm.qk=rmsnorm", "normalize away: use one of them"),
+        ("train.qk_clip=100 norm.placement=hybrid", "normalize away: use one of them"),
+        ("norm.after_linear=rmsnorm norm.placement=peri", "PeriNormBlock normalizes again: use it with"),
+        ("norm.v=batchnorm", "unknown norm 'batchnorm'"),
     ],
 )
 def test_bad_design_choices_fail_before_the_data_is_loaded(override, message, tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ class AttentionLogits(Probe):
 
     def _measure(self, index: int):
         def measure(module: ScoresTap, args, output) -> None:
-            q, k, start_pos = args
+            q, k, start_pos, _ = args  # the logits before any learned sink joins them
             stats = attention_stats(masked_scores(q.float(), k.float(), start_pos, module.softcap, module.scale))
             self.values[f"attn/layers.{index}/max_logit"] = stats["max_logit"]
             self.values[f"attn/layers.{index}/entropy"] = stats["entropy"]

@@ -32,13 +32,16 @@ def test_templates_match_keys_field_by_field():
 
 def test_the_probes_write_exactly_the_keys_they_declare():
     """Every key a probe pass writes matches a declared template, and every declared template is written
-    (DyT for the saturation key, an RMSNorm QK-norm for the gain keys, nGPT for its scales)."""
+    (DyT for the saturation key, an RMSNorm QK-norm for the gain keys, nGPT for its scales; HybridNorm*,
+    SimpleNorm, gates and sinks write the same templates)."""
     torch.manual_seed(0)
     shape = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, mlp_multiple_of=16)
     written = set()
     for model in (
         build_model(ModelConfig(**shape, norm="dyt", qk_norm="rmsnorm")),
         build_model(ModelConfig(**shape, norm="l2norm", placement="ngpt", tie_embeddings=False)),
+        build_model(ModelConfig(**shape, placement="hybrid_star", attn_gate="elementwise", attn_sink="learned")),
+        build_model(ModelConfig(**shape, after_linear_norm="rmsnorm", attn_gate="headwise")),
     ):
         written |= set(run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext(), EVERY_PROBE))
         model(torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))).objective.backward()

@@ -32,7 +32,9 @@ def test_every_type_placement_and_qk_norm_runs_forward_and_backward(norm, placem
     for name, module in model.norm_modules().items():
         for param_name, param in module.named_parameters():
             assert param.grad is not None and torch.isfinite(param.grad).all(), f"{name}.{param_name}"
-    assert any(m.role in ("q", "k") for m in model.norm_modules().values()) == qk
+    qkv_normed = placement in ("hybrid", "pre_qkv")  # HybridNorm's blocks normalize q, k and v unasked
+    assert any(m.role in ("q", "k") for m in model.norm_modules().values()) == (qk or qkv_normed)
+    assert any(m.role == "v" for m in model.norm_modules().values()) == qkv_normed
 
 
 EXPECTED_NORMS = {
@@ -41,8 +43,16 @@ EXPECTED_NORMS = {
     "peri": ["attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm"],
     "reordered": ["attn_out_norm", "mlp_out_norm"],
     "deepnorm": ["attn_out_norm", "mlp_out_norm"],
+    "hybrid": ["attn.v_norm", "mlp_norm"],
+    "pre_qkv": ["attn_norm", "attn.v_norm", "mlp_norm"],
 }
-ROLES = {"attn_norm": "attn_in", "attn_out_norm": "attn_out", "mlp_norm": "mlp_in", "mlp_out_norm": "mlp_out"}
+ROLES = {
+    "v_norm": "v",
+    "attn_norm": "attn_in",
+    "attn_out_norm": "attn_out",
+    "mlp_norm": "mlp_in",
+    "mlp_out_norm": "mlp_out",
+}
 
 
 @pytest.mark.parametrize("placement", ANY_NORM)
@@ -80,6 +90,9 @@ FORMULAS = {
     "deepnorm": lambda b, x, att: _n(
         b.mlp_out_norm, 4**0.25 * (h := _n(b.attn_out_norm, 4**0.25 * x + att(x))) + b.mlp(h)
     ),
+    # HybridNorm: Y = X + MHA_qkv(X), then Norm(Y) + FFN(Norm(Y)); its first block (HybridNorm*) is pre-norm.
+    "hybrid": lambda b, x, att: (z := _n(b.mlp_norm, x + att(x))) + b.mlp(z),
+    "pre_qkv": lambda b, x, att: (h := x + att(_n(b.attn_norm, x))) + b.mlp(_n(b.mlp_norm, h)),
 }
 
 
