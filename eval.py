@@ -5,6 +5,7 @@
     python eval.py checkpoint=runs/small-rmsnorm-s0 data=tinystories   # another corpus, same tokenizer
     python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]   # and quantized
     python eval.py checkpoint=runs/small-rmsnorm-s0 layer_importance=true   # each block's skip delta and angle
+    python eval.py checkpoint=runs/small-rmsnorm-s0 fold_gains=true         # the loss with norm gains folded
 
 Each quantization scheme (model/quantize.py) evaluates a fake-quantized copy of the model; the
 checkpoint on disk is only read. Its losses land under "quant" with their increase over the float
@@ -17,6 +18,7 @@ checkpoint) and, for all of them together, in the eval's own output directory.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import glob
 import json
@@ -36,6 +38,7 @@ from tokenizers import Tokenizer
 from analysis.probes import STUDY_PROBES
 from analysis.probes.layer_importance import skip_deltas
 from model import ModelConfig, Transformer, build_model
+from model.fold import fold_gains
 from model.quantize import QuantizationError, check_schemes, quantized
 from training.checkpoint import CheckpointError, resolve_checkpoint
 from training.config import DataConfig, LoggerConfig, Precision, check_values, checked, register_configs
@@ -72,6 +75,9 @@ class EvalConfig:
     quant: List[str] = field(default_factory=list)
     # per block: the val/loss with it replaced by the identity minus the plain loss, and its angular distance
     layer_importance: bool = False
+    # the loss again with every norm gain folded into the linear layer after it (model/fold.py): equal to float
+    # rounding; a model whose gains cannot fold is refused naming the norm
+    fold_gains: bool = False
     device: str = "auto"
     precision: Precision = Precision.auto  # type: ignore[valid-type]
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -105,6 +111,13 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
     source = resolve_checkpoint(path)
     state = read_checkpoint(source)  # a sharded (train.parallel=fsdp) one too, read whole in this one process
     model = load_model(state, source, device)
+    folded_model = None
+    if cfg.fold_gains:
+        folded_model = copy.deepcopy(model)
+        try:
+            fold_gains(folded_model)
+        except ValueError as err:
+            raise NormlabError(f"fold_gains=true: {source}: {err}") from None
     precision = resolve_precision(cfg.precision, device)
     autocast = autocast_context(precision, device)
 
@@ -135,6 +148,10 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
             "val/bpb": q["val/bpb"],
             "delta/val/loss": q["val/loss"] - metrics["val/loss"],
         }
+    folded = {}
+    if folded_model is not None:
+        loss = evaluate(folded_model, val, token_bytes, cfg.batch_size, device, autocast)["val/loss"]
+        folded = {"val/loss": loss, "delta/val/loss": loss - metrics["val/loss"]}
     prompt = torch.tensor([tokenizer.encode(cfg.prompt).ids] * cfg.num_samples, device=device)
     new_tokens = min(cfg.max_new_tokens, model.cfg.max_seq_len - prompt.shape[1])
     if new_tokens < cfg.max_new_tokens:
@@ -157,6 +174,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         **metrics,
         **({"quant": quant} if quant else {}),
         **({"layer_importance": importance} if importance else {}),
+        **({"fold_gains": folded} if folded else {}),
         "samples": [tokenizer.decode(row.tolist()) for row in tokens],
     }
 
@@ -170,12 +188,12 @@ def entry_key(result: dict) -> str:
 
 
 def merged(old: dict | None, new: dict) -> dict:
-    """A new evaluation of the same thing over an old one: its numbers, with the old quantized results and
-    layer importance kept where this evaluation did not measure them."""
+    """A new evaluation of the same thing over an old one: its numbers, with the old quantized results, layer
+    importance and folded loss kept where this evaluation did not measure them."""
     if old is None:
         return new
     quant = {**old.get("quant", {}), **new.get("quant", {})}
-    kept = {k: old[k] for k in ("layer_importance",) if k in old and k not in new}
+    kept = {k: old[k] for k in ("layer_importance", "fold_gains") if k in old and k not in new}
     return {**new, **kept, **({"quant": quant} if quant else {})}
 
 

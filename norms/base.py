@@ -45,9 +45,34 @@ class Norm(nn.Module):
         return self.scaled(self.normalize(total)), total
 
     def effective_gain(self) -> torch.Tensor | None:
-        """The per-feature gain the output is multiplied by, in float32, or None without one."""
+        """The per-feature gain the output is multiplied by, in float32 at least, or None without one."""
         weight = getattr(self, "weight", None)
-        return None if weight is None else weight.detach().float()
+        return None if weight is None else weight.detach().to(torch.promote_types(weight.dtype, torch.float32))
+
+    @torch.no_grad()
+    def fold_gain(self) -> torch.Tensor | None:
+        """Take out the per-feature scale this norm's output ends with and return it (float32), for the linear
+        layer that reads the output to take in: W (g * n) = (W diag g) n (FlashNorm, arXiv 2407.09577), in float32
+        at least. None
+        where there is nothing to fold; a ValueError where something follows the gain (a bias)."""
+        if getattr(self, "bias", None) is not None:
+            raise ValueError(
+                f"{type(self).__name__} adds a bias after its gain, which a linear layer without bias cannot take "
+                "in (train with norm.bias=false)"
+            )
+        gain = self.effective_gain()
+        if gain is None and self.output_scale == 1.0:
+            return None
+        if gain is None:
+            raise ValueError(f"{type(self).__name__} scales its output by a constant it has no gain to fold with")
+        self.drop_gain()
+        folded, self.output_scale = gain * self.output_scale, 1.0
+        return folded
+
+    @torch.no_grad()
+    def drop_gain(self) -> None:
+        """Make the gain the identity (what ``fold_gain`` leaves)."""
+        self.weight.fill_(1.0)
 
     def plain_rms_norm_weight(self) -> torch.Tensor | None:
         """The weight ``w`` of an equivalent ``x * rsqrt(mean(x**2) + eps) * w`` over all features, or None.
@@ -91,6 +116,12 @@ class GainedNorm(Norm):
     def effective_gain(self) -> torch.Tensor | None:
         gain = super().effective_gain()
         return gain + 1.0 if gain is not None and self.zero_centered else gain
+
+    def drop_gain(self) -> None:
+        """No gain parameter left: the multiply is gone too (``gain="none"``)."""
+        del self.weight
+        self.register_parameter("weight", None)
+        self.gain = "none"
 
     def gain_or_ones(self) -> torch.Tensor:
         gain = self.effective_gain()

@@ -10,6 +10,7 @@ from tiny_runs import CONFIG_DIR, read_metrics, run_tiny
 import eval as eval_script
 from model.quantize import QuantizationError
 from training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from training.errors import NormlabError
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +164,14 @@ def _loss_by_hand(model, windows, skip):
             x = layer(x, model.rope_cos[:seq], model.rope_sin[:seq], None, 0)
     logits = model.lm_head(model.final_norm(x))
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
+
+
+def test_folded_gains_evaluate_to_the_same_loss_and_a_model_that_cannot_fold_is_refused(trained, tmp_path, cache_dir):
+    (result,) = eval_script.run_eval(
+        eval_config(f"checkpoint={trained / 'rmsnorm'}", "fold_gains=true"), tmp_path
+    ).values()
+    assert abs(result["fold_gains"]["delta/val/loss"]) < 1e-5
+    assert result["fold_gains"]["val/loss"] == pytest.approx(result["val/loss"], abs=1e-5)
+    run_tiny(tmp_path / "post", cache_dir, 2, "norm.placement=post")
+    with pytest.raises(NormlabError, match="fold_gains=true: .*cannot fold layers.0.attn_out_norm's gain"):
+        eval_script.run_eval(eval_config(f"checkpoint={tmp_path / 'post'}", "fold_gains=true"), tmp_path)

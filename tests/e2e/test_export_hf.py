@@ -14,9 +14,9 @@ from training.checkpoint import load_checkpoint
 transformers = pytest.importorskip("transformers")
 
 
-def _export(run_dir, out_dir):
+def _export(run_dir, out_dir, *options):
     return subprocess.run(
-        [sys.executable, "scripts/export_hf.py", str(run_dir), str(out_dir)],
+        [sys.executable, "scripts/export_hf.py", str(run_dir), str(out_dir), *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -64,3 +64,27 @@ def test_export_of_a_variant_without_a_twin_stops_with_the_reason(tmp_path, cach
     assert result.returncode == 1
     assert re.search(reason, result.stderr), result.stderr
     assert not (tmp_path / "hf").exists()  # refused before anything was written
+
+
+def test_folded_gains_export_as_ones_with_the_same_logits(tmp_path, cache_dir):
+    run_tiny(tmp_path / "run", cache_dir, 2, "norm=rmsnorm", "train.lr=0.03")  # gains that moved from one
+    assert _export(tmp_path / "run", tmp_path / "hf", "--fold-gains").returncode == 0
+    state = load_checkpoint(tmp_path / "run")
+    ours = Transformer(ModelConfig(**state["model_config"])).eval()
+    ours.load_state_dict(state["model"])
+    assert any((norm.weight - 1).abs().max() > 1e-3 for norm in ours.norm_modules().values())
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert not theirs.config.tie_word_embeddings  # the head took the final norm's gain
+    norms = {name: p for name, p in theirs.named_parameters() if "norm" in name}
+    assert norms and all(torch.equal(p, torch.ones_like(p)) for p in norms.values())
+    ids = torch.randint(0, 97, (1, 16))
+    with torch.no_grad():
+        assert (theirs(ids).logits - ours(ids)).abs().max().item() < 1e-4
+
+
+def test_a_model_whose_gains_cannot_fold_is_refused_naming_the_norm(tmp_path, cache_dir):
+    run_tiny(tmp_path / "run", cache_dir, 2, "norm.placement=post")
+    result = _export(tmp_path / "run", tmp_path / "hf", "--fold-gains")
+    assert result.returncode == 1
+    assert "cannot fold layers.0.attn_out_norm's gain: its output joins the residual stream" in result.stderr
+    assert not (tmp_path / "hf").exists()

@@ -1,0 +1,80 @@
+"""Norm gains folded into the linear layers after them (model/fold.py): the same logits, or a refusal naming the norm."""
+
+import pytest
+import torch
+
+from model import ModelConfig, Transformer
+from model.fold import fold_gains
+
+
+def tiny(**overrides) -> ModelConfig:
+    base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32, mlp_multiple_of=16)
+    return ModelConfig(**{**base, **overrides})
+
+
+def _trained_looking(model: Transformer) -> Transformer:
+    """Gains and output scales away from their initial values, as training leaves them."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for norm in model.norm_modules().values():
+            if norm.weight is not None:
+                norm.weight.normal_(0.0 if getattr(norm, "zero_centered", False) else 1.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        dict(norm="layernorm", norm_options={"bias": False}),
+        dict(norm="prmsnorm", norm_options={"p": 0.25}),
+        dict(norm_options={"gain": "one_plus"}, tie_embeddings=False),
+        dict(norm_depth_scaling="inverse_sqrt", v_norm="rmsnorm", qk_axis="all", attn_gate="elementwise"),
+        dict(v_norm="rmsnorm", attn_sink="learned", placement="mix_ln", post_fraction=0.0),
+    ],
+    ids=["rmsnorm", "layernorm-no-bias", "prmsnorm", "one_plus-untied", "lns-v_all-gate", "v_head-sink"],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_folded_logits_equal_the_unfolded_ones(overrides, dtype):
+    torch.manual_seed(0)
+    model = _trained_looking(Transformer(tiny(**overrides))).to(dtype).eval()
+    tokens = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        before = model(tokens)
+        folded = fold_gains(model)
+        after = model(tokens)
+    assert folded and all(model.norm_modules()[name].effective_gain() is None for name in folded)
+    assert model.lm_head.weight is not model.tok_embeddings.weight  # the head took the final gain alone
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(after, before, atol=tolerance, rtol=tolerance)
+
+
+def test_the_default_model_folds_within_1e4_in_float32():
+    torch.manual_seed(0)
+    model = _trained_looking(Transformer(ModelConfig())).eval()
+    tokens = torch.randint(0, 4096, (2, 64))
+    with torch.no_grad():
+        before = model(tokens)
+        fold_gains(model)
+        assert (model(tokens) - before).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "overrides, blocker",
+    [
+        (dict(placement="post"), "cannot fold layers.0.attn_out_norm's gain: its output joins the residual stream"),
+        (dict(placement="peri"), "cannot fold layers.0.attn_out_norm's gain"),
+        (dict(placement="hybrid"), "cannot fold layers.0.attn.q_norm's gain: q and k go through RoPE"),
+        (dict(qk_norm="rmsnorm"), "cannot fold layers.0.attn.q_norm's gain: q and k go through RoPE"),
+        (dict(norm="layernorm"), "cannot fold layers.0.attn_norm's gain: LayerNorm adds a bias after it"),
+        (dict(norm="dyt"), "cannot fold layers.0.attn_norm's gain: DyT adds a bias after it"),
+        (dict(after_linear_norm="rmsnorm"), "cannot fold layers.0.attn.q_proj_norm's gain"),
+    ],
+)
+def test_a_gain_that_cannot_fold_is_named_and_nothing_changes(overrides, blocker):
+    model = _trained_looking(Transformer(tiny(**overrides)))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=blocker):
+        fold_gains(model)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
