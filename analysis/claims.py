@@ -14,13 +14,16 @@ applies:
       expect: lower                    # lower | higher | not_worse | similar (not_worse, similar: within `margin`)
       fixed_by: []                     # configs in which the statistic is bounded by construction
       regime: {}                       # the paper's regime, e.g. {model.n_layers: {min: 12}}
+      requires: {}                     # what must be there to remove, e.g. {statistic: sink_mass_at_best, min: 0.1}
 
 The rule, the same for every claim and decided by the engine, never by hand:
 
 1. **not tested** when an arm is not in the runs; did not train (a statistic against an arm that never
    trained is fixed by construction, a claim that an arm fails to train included); has its best rate at
    an edge of the rates it ran; is a configuration in ``fixed_by`` (the statistic is fixed by construction there, so
-   a difference is no finding); or lies outside the paper's ``regime`` (compared with its own config).
+   a difference is no finding); lies outside the paper's ``regime`` (compared with its own config); or the
+   phenomenon the claim removes is not there (``requires``: the against arm's statistic below its minimum,
+   e.g. attention sinks that never formed).
    The reason says which, with the numbers.
 2. Otherwise the per-seed paired differences (arm minus against, on the seeds both arms have in the
    role the statistic needs; the arm's own values for a one-arm claim) go through ``analysis.stats.paired_comparison``: **agrees**,
@@ -66,11 +69,19 @@ class Claim:
     fixed_by: List[Dict[str, Any]] = field(default_factory=list)
     # The paper's regime: {dotted config key: {min: x} and/or {max: y}}, checked on both arms' configs.
     regime: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # What the claim is about must be there in the against arm: {statistic: <name>, min: x} (its mean over the
+    # seeds that have it); a claim that a gate removes sinks cannot be tested where no sink formed.
+    requires: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.expect not in EXPECTATIONS:
             raise ValueError(
                 f"claim {self.claim!r}: expect must be one of {', '.join(EXPECTATIONS)}, got {self.expect!r}"
+            )
+        if self.requires and (self.requires.get("statistic") not in STATISTICS or "min" not in self.requires):
+            raise ValueError(
+                f"claim {self.claim!r}: requires needs a statistic (one of {', '.join(STATISTICS)}) and a min, "
+                f"got {self.requires}"
             )
         if self.expect in ("similar", "not_worse") and not self.margin > 0:
             raise ValueError(
@@ -113,6 +124,15 @@ def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str
             return f"{claim.statistic} is bounded by construction in {variant} ({bound}), so a difference is no finding"
         if (why := outside_regime(claim, config)) is not None:
             return f"outside the paper's regime: {variant} has {why}"
+    if claim.requires and against is not None:
+        needed = STATISTICS[claim.requires["statistic"]]
+        value = needed.compute(study, against, seeds_for(study, needed, against))
+        if value is None or value < claim.requires["min"]:
+            shown = "not measured" if value is None else f"{value:.3g}"
+            return (
+                f"what the claim removes is not there: {against}'s {claim.requires['statistic']} is {shown}, "
+                f"below the {claim.requires['min']:g} the claim needs"
+            )
     return None
 
 

@@ -31,6 +31,8 @@ ANGULAR_DISTANCE = metric_key("act/layers.{i}/angular_distance")
 MAX_LOGIT = metric_key("attn/layers.{i}/max_logit")
 GRAD_BY_LAYER = metric_key("grad/{part}").replace("{part}", "layers.{i}")
 SATURATED = metric_key("act/{norm}/saturated")
+SINK_MASS = metric_key("attn/layers.{i}/sink_mass")
+MASSIVE_RATIO = metric_key("act/layers.{i}/massive_ratio")
 
 # A variant trained when its best loss is at least this far (nats) below the unigram loss of the
 # validation windows (analysis/unigram.py); runs with no line recorded (neither by the run nor by its
@@ -90,6 +92,18 @@ def final_stream_growth(r: Result) -> float | None:
     """The stream's RMS after the last block over its RMS after the first, at the end of training."""
     rms = r.run.by_layer(STREAM_RMS)
     return rms[-1] / rms[0] if rms else None
+
+
+def final_sink_mass(r: Result) -> float | None:
+    """The attention weight on position 0, averaged over the layers, at the end of training."""
+    values = r.run.by_layer(SINK_MASS)
+    return statistics.fmean(values) if values else None
+
+
+def final_massive_ratio(r: Result) -> float | None:
+    """The largest activation over the median magnitude, in the layer where it is largest, at the end of training."""
+    values = r.run.by_layer(MASSIVE_RATIO)
+    return max(values) if values else None
 
 
 def over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]:
@@ -229,6 +243,14 @@ class Study:
         arm as it trains best, where the baseline's rate can leave another placement under-trained."""
         return self._mean_at(variant, self.summaries[variant].best_lr, seeds, final_stream_growth)
 
+    def sink_mass_at_best(self, variant: str, seeds) -> float | None:
+        """Mean attention weight on position 0 over the layers at the end of training, at the variant's best rate."""
+        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, final_sink_mass)
+
+    def massive_ratio_at_best(self, variant: str, seeds) -> float | None:
+        """The largest layer's massive-activation ratio at the end of training, at the variant's best rate."""
+        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, final_massive_ratio)
+
     def steps_to_common_loss(self, variant: str, against: str, seeds) -> tuple[float, float] | None:
         """Each arm's share of its steps, at its own best rate, to first reach the validation loss that both
         reach: the higher of their two final losses, same seed (means over ``seeds``). The arm that ends
@@ -290,6 +312,10 @@ STATISTICS: dict[str, Statistic] = {
     "best_loss": Statistic(Study.best_loss, "report", "at each arm's own best rate, held-out windows"),
     "stream_growth": Statistic(Study.stream_growth, "selection", "at the baseline's best rate"),
     "stream_growth_at_best": Statistic(Study.stream_growth_at_best, "report", "at each arm's own best rate"),
+    "sink_mass_at_best": Statistic(Study.sink_mass_at_best, "report", "at each arm's own best rate, end of training"),
+    "massive_ratio_at_best": Statistic(
+        Study.massive_ratio_at_best, "report", "at each arm's own best rate, end of training, largest layer"
+    ),
     "max_attn_logit": Statistic(Study.max_attn_logit, "selection", "at the highest rate the baseline trained"),
     "steps_to_common_loss": Statistic(
         Study.steps_to_common_loss,

@@ -253,3 +253,33 @@ def test_a_committed_claim_is_judged_again_and_an_untrained_arm_or_a_regime_leav
     assert "p" not in failed and failed["reason"] == "failed did not train at any rate here"
     assert kept["reason"] == "an edge" and "p_holm" not in kept
     assert [c["verdict_before"] for c in regraded] == ["agrees", "agrees", "inconclusive", "agrees", "not tested"]
+
+
+def test_a_claim_that_removes_a_phenomenon_is_not_tested_where_it_never_formed(tmp_path):
+    """QK-norm's sink mass (mean over layers at the end, at its best rate) is 0.05 below the baseline's in every
+    report seed; with the baseline's sinks at 0.4 + 0.01 seed the claim is tested, and with them at 0.02 it
+    is "not tested", the numbers named."""
+    removes = Claim(
+        "removes sinks",
+        "t",
+        "sink_mass_at_best",
+        QK,
+        PRE,
+        "lower",
+        requires={"statistic": "sink_mass_at_best", "min": 0.1},
+    )
+    for root, base in ((tmp_path / "formed", 0.4), (tmp_path / "never", 0.02)):
+        write_study(root, GRID, report=(3, 4, 5))
+        _with_blocks(
+            root,
+            "attn/layers.{i}/sink_mass",
+            lambda c, base=base: [base + 0.01 * c["seed"] - (0.05 if c["variant"] == "rmsnorm-qk" else 0)] * 2,
+        )
+    formed = evaluate_claim(removes, Study(load_results([str(tmp_path / "formed")], "val/loss")[0], "rmsnorm"))
+    assert formed["value_against"] == pytest.approx(0.44) and formed["difference"] == pytest.approx(-0.05)
+    assert formed["verdict"] == "agrees"
+    never = evaluate_claim(removes, Study(load_results([str(tmp_path / "never")], "val/loss")[0], "rmsnorm"))
+    assert never["verdict"] == "not tested"
+    assert never["reason"] == (
+        "what the claim removes is not there: rmsnorm's sink_mass_at_best is 0.06, below the 0.1 the claim needs"
+    )
