@@ -54,6 +54,12 @@ SWITCHES = (
     "model.embed_scale=learned",
     "train.weight_decay_mode=independent train.weight_decay=1e-4",
     "train.optimizer=muon",
+    "norm.placement=hybrid_star",
+    "norm.qk=rmsnorm norm.v=rmsnorm",
+    "norm.after_linear=rmsnorm",
+    "model.attn_gate=headwise",
+    "model.attn_gate=elementwise",
+    "model.attn_sink=learned",
 )
 
 
