@@ -202,7 +202,9 @@ class HybridBlock(Block):
 
     HybridNorm (Zhuo et al. 2025, arXiv 2503.04598, Sec. 3): QKV-norm inside attention and no norm on its
     input; the norm after the attention's residual add feeds the MLP and is the residual it adds to (the
-    paper's "Post-Norm in the FFN"). q, k and v take norm.qk / norm.v where set, the stream's norm otherwise.
+    paper's "Post-Norm in the FFN"; its authors' 1.2B config: attn_norm false, ffn_norm true,
+    ffn_residual_after_norm true, query, key and value norms on). q, k and v take norm.qk / norm.v where set,
+    the stream's norm otherwise.
     """
 
     roles = ("mlp_in",)
