@@ -78,11 +78,13 @@ class Claim:
             raise ValueError(
                 f"claim {self.claim!r}: expect must be one of {', '.join(EXPECTATIONS)}, got {self.expect!r}"
             )
-        if self.requires and (self.requires.get("statistic") not in STATISTICS or "min" not in self.requires):
-            raise ValueError(
-                f"claim {self.claim!r}: requires needs a statistic (one of {', '.join(STATISTICS)}) and a min, "
-                f"got {self.requires}"
-            )
+        if self.requires:
+            needed = STATISTICS.get(self.requires.get("statistic"))
+            if needed is None or needed.pairwise or "min" not in self.requires or self.against is None:
+                raise ValueError(
+                    f"claim {self.claim!r}: requires needs an against arm, a statistic of one arm (one of "
+                    f"{', '.join(k for k, v in STATISTICS.items() if not v.pairwise)}) and a min, got {self.requires}"
+                )
         if self.expect in ("similar", "not_worse") and not self.margin > 0:
             raise ValueError(
                 f"claim {self.claim!r}: expect: {self.expect} needs a margin > 0 (the largest difference that still "

@@ -51,9 +51,10 @@ def masked_scores(
 ) -> torch.Tensor:
     """The scores as the softmax receives them: q k^T * scale (1/sqrt(d) by default) in float32 at least,
     soft-capped when ``cap`` is set, -inf where a query may not attend (the explicit path, QK-clip's maxima,
-    probes)."""
-    scores = attention_scores(q, k, scale)
-    scores = softcap(scores.to(torch.promote_types(scores.dtype, torch.float32)), cap)
+    probes). The product itself runs in float32 at least: under bf16 autocast it would round the scores first."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(q.device.type, enabled=False):
+        scores = softcap(attention_scores(q.to(dtype), k.to(dtype), scale), cap)
     return scores.masked_fill(~allowed_positions(q.shape[2], start_pos, q.device), float("-inf"))
 
 
@@ -117,9 +118,10 @@ class Attention(nn.Module):
             for name, size in (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size), ("o_proj", cfg.d_model)):
                 setattr(self, f"{name}_norm", norm_for(cfg, name, size))
         if cfg.attn_gate != "none":  # one gate logit per head, or per feature of each head
-            self.gate_proj = nn.Linear(
-                cfg.d_model, cfg.n_heads * (cfg.head_dim if cfg.attn_gate == "elementwise" else 1), bias=False
-            )
+            with torch.random.fork_rng(devices=[]):  # drawing it must not shift the weights every arm shares
+                self.gate_proj = nn.Linear(
+                    cfg.d_model, cfg.n_heads * (cfg.head_dim if cfg.attn_gate == "elementwise" else 1), bias=False
+                )
         self.sink_logits = nn.Parameter(torch.zeros(cfg.n_heads)) if cfg.attn_sink == "learned" else None
         self.dropout = cfg.dropout
         self.softcap = cfg.attn_softcap

@@ -61,6 +61,8 @@ def fold_gains(model: Transformer) -> list[str]:
 def _readers(model: Transformer, name: str) -> list[Reader] | None:
     if name == "final_norm":
         return [(model.lm_head, torch.arange(model.cfg.d_model))]
+    if not name.startswith("layers."):
+        return None  # the embedding norm (model.outer_norm) feeds the residual stream
     _, index, attribute = name.split(".", 2)
     block = model.layers[int(index)]
     if attribute in block.gain_readers:

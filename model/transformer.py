@@ -52,15 +52,16 @@ class Transformer(nn.Module):
         """Normal(0, std) weights: init_std, or what the block says for its weights (``Block.init_stds``:
         output projections at init_std / sqrt(2 * n_layers) by default, DeepNorm's beta for DeepNorm).
 
-        Norms draw no random numbers (gains start at one), so a given seed gives the same
-        weights whichever norm is configured.
+        Norms draw no random numbers (gains start at one), and weights only some variants have (attention
+        gates) are drawn after all the others, so a given seed gives the same shared weights whichever norm
+        or switch is configured: runs of one seed pair across arms.
         """
         stds = {
             f"layers.{i}.{name}": std for i, layer in enumerate(self.layers) for name, std in layer.init_stds().items()
         }
-        for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=stds.get(name, self.cfg.init_std))
+        drawn = [(n, m) for n, m in self.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+        for name, module in sorted(drawn, key=lambda item: item[0].endswith(".gate_proj")):  # stable: gates last
+            nn.init.normal_(module.weight, mean=0.0, std=stds.get(name, self.cfg.init_std))
         for layer in self.layers:
             layer.after_init()
 

@@ -63,10 +63,12 @@ class Norm(nn.Module):
         gain = self.effective_gain()
         if gain is None and self.output_scale == 1.0:
             return None
-        if gain is None:
-            raise ValueError(f"{type(self).__name__} scales its output by a constant it has no gain to fold with")
-        self.drop_gain()
-        folded, self.output_scale = gain * self.output_scale, 1.0
+        if gain is None:  # a constant output scale alone (LayerNorm Scaling without a gain) folds as a vector
+            folded = torch.full((self.dim,), self.output_scale, dtype=torch.float64)  # cast to the reader's dtype
+        else:
+            self.drop_gain()
+            folded = gain * self.output_scale
+        self.output_scale = 1.0
         return folded
 
     @torch.no_grad()

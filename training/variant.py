@@ -26,9 +26,28 @@ def _qk_part(qk: str | None, get: Lookup) -> str | None:
     return "qk" + ("" if qk == get("norm.name") else f"_{qk}") + ("_all" if get("norm.qk_axis") == "all" else "")
 
 
-def _norm_part(prefix: str) -> Callable[[Any, Lookup], str | None]:
-    """``prefix`` for a norm type that is the stream's, ``prefix_<type>`` for another, nothing for none."""
-    return lambda name, get: None if not name else prefix + ("" if name == get("norm.name") else f"_{name}")
+def _norm_part(prefix: str, axis: bool = False) -> Callable[[Any, Lookup], str | None]:
+    """``prefix`` for a norm type that is the stream's, ``prefix_<type>`` for another, nothing for none; with
+    ``axis``, ``_all`` where the norm is over all heads."""
+
+    def part(name: str | None, get: Lookup) -> str | None:
+        if not name:
+            return None
+        over_all = "_all" if axis and get("norm.qk_axis") == "all" else ""
+        return prefix + ("" if name == get("norm.name") else f"_{name}") + over_all
+
+    return part
+
+
+def _placement_part(placement: str, get: Lookup) -> str | None:
+    """Nothing for pre-norm; Mix-LN with its fraction; HybridNorm's placements with ``_all`` where their q, k and
+    v norms are over all heads (and no norm.qk says so already)."""
+    if placement == "pre":
+        return None
+    if placement == "mix_ln":
+        return f"mix_ln{get('norm.post_fraction'):g}"
+    qkv_over_all = placement in ("hybrid", "hybrid_star") and get("norm.qk_axis") == "all" and not get("norm.qk")
+    return f"{placement}_all" if qkv_over_all else str(placement)
 
 
 def _number(prefix: str) -> Callable[[Any, Lookup], str | None]:
@@ -36,12 +55,9 @@ def _number(prefix: str) -> Callable[[Any, Lookup], str | None]:
 
 
 SWITCHES = (
-    Switch(
-        "norm.placement",
-        lambda v, get: None if v == "pre" else f"mix_ln{get('norm.post_fraction'):g}" if v == "mix_ln" else str(v),
-    ),
+    Switch("norm.placement", _placement_part),
     Switch("norm.qk", _qk_part),
-    Switch("norm.v", _norm_part("v")),
+    Switch("norm.v", _norm_part("v", axis=True)),
     Switch("norm.after_linear", _norm_part("after_linear")),
     Switch("norm.gain", lambda v, get: None if v in (None, "standard") else f"gain_{v}"),
     Switch("norm.depth_scaling", lambda v, get: None if v == "none" else "lns"),

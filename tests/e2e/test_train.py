@@ -161,7 +161,10 @@ def test_rerunning_a_finished_run_trains_nothing_and_writes_nothing(tmp_path, ca
     "override, allowed",
     [
         ("train.nan_policy=ignore", "[stop, skip, record]"),
-        ("norm.placement=sandwich", "[pre, post, peri, reordered, deepnorm, hybrid, pre_qkv, mix_ln, hybrid_star, ngpt]"),
+        (
+            "norm.placement=sandwich",
+            "[pre, post, peri, reordered, deepnorm, hybrid, pre_qkv, mix_ln, hybrid_star, ngpt]",
+        ),
         ("norm.qk_axis=rows", "[head, all]"),
         ("norm.gain=unit", "[standard, one_plus, none]"),
         ("norm.roles.q.gain=unit", "[standard, one_plus, none]"),

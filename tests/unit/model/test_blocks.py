@@ -204,6 +204,10 @@ def test_initial_weights_are_the_same_for_every_variant():
     for overrides in (dict(norm="dyt", placement="peri"), dict(norm="derf", qk_norm="derf"), dict(placement="post")):
         other = weights(**overrides)
         assert other.keys() == reference.keys() and all(torch.equal(other[k], reference[k]) for k in reference)
+    # Switches that add weights (a gate, sinks) draw them after the shared ones, which stay the same.
+    for overrides in (dict(attn_gate="elementwise"), dict(attn_gate="headwise", attn_sink="learned")):
+        other = weights(**overrides)
+        assert other.keys() > reference.keys() and all(torch.equal(other[k], reference[k]) for k in reference)
 
 
 def test_pre_norm_logits_change_when_the_placement_changes():

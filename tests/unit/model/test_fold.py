@@ -78,3 +78,22 @@ def test_a_gain_that_cannot_fold_is_named_and_nothing_changes(overrides, blocker
         fold_gains(model)
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_a_constant_output_scale_without_a_gain_folds_too():
+    """LayerNorm Scaling on a norm with no gain (here the MLP's input norms) leaves only N(x)/sqrt(l) to fold."""
+    torch.manual_seed(0)
+    cfg = tiny(norm_depth_scaling="inverse_sqrt", norm_role_options={"mlp_in": {"gain": "none"}})
+    model = _trained_looking(Transformer(cfg)).double().eval()
+    tokens = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        before = model(tokens)
+        assert "layers.1.mlp_norm" in fold_gains(model)
+        torch.testing.assert_close(model(tokens), before, atol=1e-12, rtol=1e-12)
+    assert all(norm.output_scale == 1.0 for norm in model.norm_modules().values())
+
+
+def test_the_embedding_norm_is_named_when_it_cannot_fold():
+    model = Transformer(tiny(norm="identity", outer_norm="rmsnorm"))
+    with pytest.raises(ValueError, match="cannot fold embed_norm's gain: its output joins the residual stream"):
+        fold_gains(model)

@@ -20,6 +20,13 @@ from training.variant import SWITCHES, label_keys
         ),
         (("train.weight_decay_mode=independent", "model.outer_norm=rmsnorm"), "rmsnorm-wd_independent-outer_rmsnorm"),
         (("+variant=rmsnorm_deepnorm",), "rmsnorm-deepnorm"),
+        # the third part: q, k and v norms over all heads are another model than per head, so another label
+        (("norm.qk=rmsnorm", "norm.v=rmsnorm"), "rmsnorm-qk-v"),
+        (("norm.qk=rmsnorm", "norm.v=layernorm", "norm.qk_axis=all"), "rmsnorm-qk_all-v_layernorm_all"),
+        (("norm.placement=hybrid",), "rmsnorm-hybrid"),
+        (("norm.placement=hybrid_star", "norm.qk_axis=all"), "rmsnorm-hybrid_star_all"),
+        (("norm.after_linear=rmsnorm", "model.attn_gate=headwise"), "rmsnorm-after_linear-gate_headwise"),
+        (("model.attn_gate=elementwise", "model.attn_sink=learned"), "rmsnorm-gate_elementwise-sink_learned"),
     ],
 )
 def test_the_label_names_each_switch_away_from_its_default(overrides, label):
