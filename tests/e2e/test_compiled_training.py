@@ -53,7 +53,10 @@ def test_compiled_loss_keeps_the_objective_differentiable(z_loss):
     assert objective.item() == pytest.approx(eager.item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("controls", [(), LOGIT_CONTROLS], ids=["plain", "logit_controls"])
+# HybridNorm*: a pre-norm first block and HybridNorm's after it, q, k and v normalized in each.
+@pytest.mark.parametrize(
+    "controls", [(), LOGIT_CONTROLS, ("norm.placement=hybrid_star",)], ids=["plain", "logit_controls", "hybrid_star"]
+)
 def test_compiled_training_matches_eager_at_every_step(controls, tmp_path, cache_dir):
     """Inductor reorders float reductions, so the losses agree to float tolerance, not bit for bit."""
     extra = ("norm=rmsnorm", *controls)
@@ -65,7 +68,7 @@ def test_compiled_training_matches_eager_at_every_step(controls, tmp_path, cache
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
     # Probes run on the uncompiled module that shares the compiled one's weights: the same keys.
     assert {key for row in compiled for key in row} == {key for row in eager for key in row}
-    if controls:  # QK-clip read the compiled forward's tracked logits, and clipped the same heads
+    if controls == LOGIT_CONTROLS:  # QK-clip read the compiled forward's tracked logits, and clipped the same heads
         clipped = [[row["train/qk_clipped_heads"] for row in rows if "train/loss" in row] for rows in (eager, compiled)]
         assert clipped[1] == clipped[0] and sum(clipped[0]) > 0
 
