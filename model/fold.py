@@ -3,8 +3,9 @@
 A norm's output ends with a per-feature gain g, and where only linear layers read that output,
 W (g * n) = (W diag g) n: the gain can live in W's columns and the norm runs without one, the same
 function with one multiply fewer per feature. A gain folds where the block says only linear layers read
-the norm (``Block.gain_readers``: a pre-norm's input norms, read by the branch's input projections and any gate), from the final norm into the LM head (untied
-from the embeddings), and from a norm on v into the output projection (attention mixes positions, not
+the norm (``Block.gain_readers``: a pre-norm's input norms, read by the branch's input projections and
+any gate), from the final norm into the LM head (untied from the embeddings), and from a norm on v into
+the output projection (attention mixes positions, not
 features, and a gate multiplies per feature too). It cannot fold from a norm whose output joins the
 residual stream (post-norm, an output norm, HybridNorm's), feeds RoPE (q and k: it mixes pairs of
 features) or a nonlinearity, nor from a norm that adds a bias after its gain: ``fold_gains`` then refuses,
@@ -48,8 +49,7 @@ def fold_gains(model: Transformer) -> list[str]:
     plan = fold_plan(model)
     if "final_norm" in plan and model.cfg.tie_embeddings:  # the head takes the final gain: columns of its own
         model.lm_head.weight = nn.Parameter(model.tok_embeddings.weight.detach().clone())
-        model.cfg.tie_embeddings = False
-        plan["final_norm"] = _readers(model, "final_norm")
+        model.cfg.tie_embeddings = False  # the plan holds the head module, which now has that weight
     norms = model.norm_modules()
     for name, readers in plan.items():
         gain = norms[name].fold_gain()
