@@ -32,17 +32,24 @@ The rule, the same for every claim and decided by the engine, never by hand:
    agrees or disagrees only where the adjusted p is below 0.05 as well.
 """
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035  # OmegaConf reads these annotations (the study spec schema)
 
-import numpy as np
-from scipy import stats
-
 from analysis.results import Result, read_plan
 from analysis.runs import RunsError
 from analysis.stats import EXPECTATIONS, holm, paired_comparison, test_named
-from analysis.study import MIN_COMMON_RATES, STATISTICS, Study, matches, seeds_for
+from analysis.study import (
+    MIN_COMMON_RATES,
+    STATISTICS,
+    Study,
+    final_max_attn_logit,
+    final_stream_growth,
+    lr_sensitivity,
+    matches,
+    seeds_for,
+)
 from training.run_record import flatten
 
 # ruff: noqa: UP006, UP045
@@ -225,13 +232,73 @@ def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Cl
     return list(found.values())
 
 
-def differences_like(mean: float, ci95: list[float], n: int) -> list[float]:
-    """``n`` per-seed differences with the mean and standard deviation that Student's t ``ci95`` over ``n``
-    seeds implies. A paired t comparison depends on the differences only through these three, so it gives the
-    same interval and p as the seeds' own values would; the values themselves are not recovered."""
-    sd = (ci95[1] - mean) / stats.t.ppf(0.975, n - 1) * n**0.5
-    unit = np.linspace(-1.0, 1.0, n)
-    return list(mean + sd * (unit - unit.mean()) / unit.std(ddof=1))
+def _seeds_asked(claim: dict, have: Callable[[int], bool], seeds_run: list[int]) -> list[int]:
+    """The claim's seeds; a count (a study.json older than seed lists) stands for the first seeds both arms have."""
+    if isinstance(claim["seeds"], list):
+        return claim["seeds"]
+    return [s for s in seeds_run if have(s)][: claim["seeds"]]
+
+
+def _values_of(claim: dict, seeds: list[int], value: Callable[[str, int], float | None]) -> dict | None:
+    pairs = [(value(claim["arm"], s), value(claim["against"], s)) for s in seeds]
+    if not pairs or any(a is None or b is None for a, b in pairs):
+        return None
+    return {"seeds": seeds, "values_arm": [a for a, _ in pairs], "values_against": [b for _, b in pairs]}
+
+
+def seed_values_from_cells(data: dict, claim: dict) -> dict | None:
+    """A claim's per-seed values (``seeds``, ``values_arm``, ``values_against``) read again from the ``cells`` a
+    study.json keeps (each run's final and held-out loss), for a claim written before claims kept them:
+    ``best_loss`` at each arm's best rate, ``lr_sensitivity`` of each seed's own curve over the study's rates,
+    capped at the initial loss, as the engine reads them. None for a statistic the cells do not determine
+    (one of curves or probes), or where a seed lacks a cell."""
+    if claim["statistic"] not in ("best_loss", "lr_sensitivity") or not data.get("cells") or claim["against"] is None:
+        return None
+    cells = {(c["variant"], c["lr"], c["seed"]): c for c in data["cells"]}
+    initial = data["initial_loss"]
+
+    def capped(cell: dict) -> float:
+        return initial if cell["diverged"] or cell["loss"] is None else min(cell["loss"], initial)
+
+    def value(variant: str, seed: int) -> float | None:
+        if claim["statistic"] == "best_loss":
+            cell = cells.get((variant, data["variants"][variant]["best_lr"], seed))
+            if cell is None:
+                return None
+            held = cell.get("heldout_loss")
+            return capped(cell) if held is None or cell["diverged"] else min(held, initial)
+        curve = [cells.get((variant, lr, seed)) for lr in data["learning_rates"]]
+        return None if None in curve else lr_sensitivity({c["lr"]: capped(c) for c in curve})
+
+    seeds_run = sorted({c["seed"] for c in data["cells"]})
+    seeds = _seeds_asked(claim, lambda s: value(claim["arm"], s) is not None, seeds_run)
+    return _values_of(claim, seeds, value)
+
+
+# The statistics of one run at a rate its study.json names: where it is read, and the run's value.
+RUN_STATISTICS: dict[str, tuple[Callable[[dict], float], Callable[[Result], float | None]]] = {
+    "stream_growth": (lambda data: data["variants"][data["baseline"]]["best_lr"], final_stream_growth),
+    "max_attn_logit": (lambda data: data["reference_lr"], final_max_attn_logit),
+}
+
+
+def seed_values_from_runs(data: dict, claim: dict, results: list[Result]) -> dict | None:
+    """A claim's per-seed values measured on reruns of its seeds (``results``, labelled as the study's variants),
+    for a statistic of one run at a rate the study.json names (``RUN_STATISTICS``): where neither the claim nor
+    its cells kept them. None for another statistic, or where a seed's run is missing."""
+    if claim["statistic"] not in RUN_STATISTICS or claim["against"] is None:
+        return None
+    rate_of, value_of = RUN_STATISTICS[claim["statistic"]]
+    rate = rate_of(data)
+    runs = {(r.variant, r.lr, r.seed): r for r in results}
+
+    def value(variant: str, seed: int) -> float | None:
+        run = runs.get((variant, rate, seed))
+        return None if run is None else value_of(run)
+
+    seeds_run = sorted({r.seed for r in results})
+    seeds = _seeds_asked(claim, lambda s: value(claim["arm"], s) is not None, seeds_run)
+    return _values_of(claim, seeds, value)
 
 
 def regrade(
@@ -239,30 +306,29 @@ def regrade(
 ) -> list[dict]:
     """A committed study's claims judged again by the current engine and family rule, from what its study.json
     keeps (no runs needed). A claim whose arm did not train (``untrained(claim)`` names them) or whose model lies
-    outside its paper's regime (``regime_fails(claim)`` says why) is not tested; every other claim with per-seed
-    values is compared again from ``values_arm - values_against`` with its ``expect`` and ``margin``; then
-    Holm's correction over the tested ones. Each claim gains ``verdict_before``."""
+    outside its paper's regime (``regime_fails(claim)`` says why) is not tested, and so is one without per-seed
+    values (its paired test cannot be recomputed); every other claim is compared again from
+    ``values_arm - values_against`` with its ``expect`` and ``margin``; then Holm's correction over the tested
+    ones. Each claim keeps the ``verdict_before`` of its first judgement."""
     for claim in claims:
-        claim["verdict_before"] = claim["verdict"]
+        claim.setdefault("verdict_before", claim["verdict"])
         if claim["verdict"] == "not tested":  # its reason (an edge, a bound, a regime) stands
             continue
         why = ", ".join(untrained(claim))
         why = f"{why} did not train at any rate here" if why else regime_fails(claim)
+        if why is None and claim.get("values_arm") is None:
+            why = "its per-seed values were not kept, and neither its study.json nor its runs have them: its paired test cannot be recomputed"
         if why:
             for key in ("difference", "ci95", "p", "p_holm", "test", "value_arm", "value_against"):
                 claim.pop(key, None)
             claim.update(verdict="not tested", reason=why)
             continue
-        if claim.get("p") is None:
-            continue
         claim.pop("reason", None)  # a tested claim's reason is the family's, given again below
-        if claim.get("values_arm") is not None:
-            differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
-        else:  # written before claims kept their values: the same mean, spread and count, from the interval
-            seeds = claim["seeds"] if isinstance(claim["seeds"], int) else len(claim["seeds"])  # a count in old files
-            differences = differences_like(claim["difference"], claim["ci95"], seeds)
+        differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
         comparison = paired_comparison(differences, claim["expect"], claim.get("margin", 0.0))
         claim.update(
+            value_arm=statistics.fmean(claim["values_arm"]),
+            value_against=statistics.fmean(claim["values_against"]),
             difference=comparison.difference,
             ci95=comparison.ci95,
             p=comparison.p,

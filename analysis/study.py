@@ -106,6 +106,12 @@ def final_massive_ratio(r: Result) -> float | None:
     return max(values) if values else None
 
 
+def final_max_attn_logit(r: Result) -> float | None:
+    """The largest attention logit over the layers at the last step that logged them."""
+    points = over_layers(r.run, MAX_LOGIT)
+    return points[-1][1] if points else None
+
+
 def over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]:
     """(step, ``reduce`` over layers of ``template``) for every row that logged layer 0."""
     return [(row["step"], reduce(values)) for row in run.rows if (values := layer_values(row, template))]
@@ -289,12 +295,7 @@ class Study:
         the baseline trained."""
         if self.reference_lr is None:
             return None
-
-        def last_max(r: Result) -> float | None:
-            points = over_layers(r.run, MAX_LOGIT)
-            return points[-1][1] if points else None
-
-        return self._mean_at(variant, self.reference_lr, seeds, last_max)
+        return self._mean_at(variant, self.reference_lr, seeds, final_max_attn_logit)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """Judge a committed study's claims again under the current verdict engine and Holm's family correction.
 
     python scripts/regrade_claims.py docs/study/depth/study.json --spec stability_depth
+    python scripts/regrade_claims.py docs/study/study.json --runs runs/remeasure   # values from reruns
 
-Reads the per-seed values every tested claim keeps, applies the engine's "not tested" rule where study.json
+Reads the per-seed values every tested claim keeps; a claim written before claims kept them gets them from
+the study's cells where those determine its statistic, or from reruns of its seeds (``--runs``) for a
+statistic of one run, and is otherwise not tested. Applies the engine's "not tested" rule where study.json
 says an arm did not train, or where the spec's regime (``--spec``) excludes the claim's model depth,
-recomputes each comparison, adds ``p_holm`` over the study's tested claims (one family), rewrites study.json, and appends to the report.md beside it a section
-that lists every tested claim's p, adjusted p and verdict before and after (the report's earlier claims
-table stays as the record of what it said).
+recomputes each comparison, adds ``p_holm`` over the study's tested claims (one family), rewrites
+study.json, and appends to the report.md beside it a section that lists every tested claim's p, adjusted p
+and verdict before and after (the report's earlier claims table stays as the record of what it said).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.claims import outside_regime, regrade
-from analysis.format import number
+from analysis.claims import outside_regime, regrade, seed_values_from_cells, seed_values_from_runs
+from analysis.format import interval, number
+from analysis.results import VAL_LOSS, load_results
 from analysis.study_spec import load_study_spec
 
 SECTION = "## Claims under Holm's correction"
@@ -43,21 +47,23 @@ def section(claims: list[dict]) -> str:
         SECTION,
         "",
         f"The study's {len(tested)} tested claims are one family: each verdict is judged again "
-        "(`scripts/regrade_claims.py`) from its per-seed values, or, where this study predates their record, from "
-        "its interval's mean, spread and seed count, which give the same paired t-test; and it agrees or disagrees "
-        "only where Holm's adjusted p is below 0.05 "
-        "as well; a claim whose arm did not train, or whose model lies outside its paper's regime, is not tested. "
-        "These rows supersede the verdicts above.",
+        "(`scripts/regrade_claims.py`) from its per-seed values (`values_arm`, `values_against` in study.json; "
+        "where the study predates their record, read again from its cells, or measured on reruns of its seeds "
+        "where `values_from` says so), and it agrees or disagrees only where Holm's adjusted p is below 0.05 "
+        "as well; a claim whose arm did not train, whose model lies outside its paper's regime, or whose "
+        "per-seed values are lost, is not tested. These rows supersede the verdicts above.",
         "",
-        "| claim | where | p | p (Holm) | verdict before | verdict now |",
-        "|---|---|---|---|---|---|",
+        "| claim | where | difference [95% CI] | p | p (Holm) | verdict before | verdict now | per-seed values from |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in shown:
         where = f"{c['n_layers']} layers" if "n_layers" in c else c.get("model", "–")
         reason = f" ({c['reason']})" if c.get("reason") else ""
+        measured = "–" if c.get("difference") is None else f"{c['difference']:+.3g}{interval(c.get('ci95'), '+.3g')}"
+        source = c.get("values_from") or ("study.json" if c.get("values_arm") is not None else "–")
         lines.append(
-            f"| {c['claim']} | {where} | {number(c.get('p'))} | {number(c.get('p_holm'))} | {c['verdict_before']} | "
-            f"**{c['verdict']}**{reason} |"
+            f"| {c['claim']} | {where} | {measured} | {number(c.get('p'))} | {number(c.get('p_holm'))} | "
+            f"{c['verdict_before']} | **{c['verdict']}**{reason} | {source} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -66,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study_json", type=Path)
     parser.add_argument("--spec", help="the study's spec (configs/study/<spec>.yaml): its claims' regimes, by depth")
+    parser.add_argument("--runs", help="reruns of the claims' seeds, for claims whose per-seed values were not kept")
     args = parser.parse_args(argv)
     path = args.study_json
     if not path.is_file():
@@ -86,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         why = outside_regime(spec, {"model.n_layers": claim["n_layers"]})
         return None if why is None else f"outside the paper's regime: {why}"
 
+    reruns = load_results([args.runs], VAL_LOSS)[0] if args.runs else []
+    for claim in study_claims(data):
+        if claim["verdict"] == "not tested" or claim.get("values_arm") is not None:
+            continue
+        if found := seed_values_from_cells(data, claim):
+            claim.update(found, values_from="the study's cells")
+        elif reruns and (found := seed_values_from_runs(data, claim, reruns)):
+            claim.update(found, values_from="reruns of its seeds, not the runs first reported")
     claims = regrade(study_claims(data), untrained, regime_fails)
     path.write_text(json.dumps(data, indent=1))
     report = path.with_name("report.md")

@@ -6,7 +6,16 @@ import pytest
 import yaml
 from synthetic_studies import CLAIMS, PRE, QK, write_run, write_study
 
-from analysis.claims import Claim, claims_of, differences_like, evaluate_claim, outside_regime, regrade, with_holm
+from analysis.claims import (
+    Claim,
+    claims_of,
+    evaluate_claim,
+    outside_regime,
+    regrade,
+    seed_values_from_cells,
+    seed_values_from_runs,
+    with_holm,
+)
 from analysis.results import load_results
 from analysis.runs import RunsError
 from analysis.stats import paired_comparison
@@ -225,10 +234,56 @@ def test_stream_growth_at_best_reads_each_arm_at_its_own_best_rate_on_the_report
     assert at_baseline_rate["seeds"] == [0, 1, 2] and at_baseline_rate["verdict"] == "disagrees"
 
 
-def test_differences_with_an_intervals_mean_spread_and_count_give_its_test_again():
-    measured = paired_comparison([0.1, 0.3, -0.05, 0.2, 0.12], "lower")
-    rebuilt = paired_comparison(differences_like(measured.difference, measured.ci95, 5), "lower")
-    assert rebuilt.ci95 == pytest.approx(measured.ci95) and rebuilt.p == pytest.approx(measured.p)
+def _cells_study() -> dict:
+    """A study.json of before per-seed values: cells of two variants at three rates, seeds 0-1 choosing and
+    2-3 reporting at each best rate; seed 1's baseline diverged at 0.1 and counts as the initial loss, 9."""
+    loss = {"rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6}, "rmsnorm-qk": {0.001: 4.9, 0.01: 3.8, 0.1: 4.2}}
+    cells = []
+    for variant, by_lr in loss.items():
+        for lr, value in by_lr.items():
+            for seed in (0, 1):
+                diverged = variant == "rmsnorm" and lr == 0.1 and seed == 1
+                cells.append(dict(variant=variant, lr=lr, seed=seed, loss=None if diverged else value + 0.1 * seed,
+                                  heldout_loss=None, diverged=diverged))  # fmt: skip
+        for seed in (2, 3):
+            cells.append(dict(variant=variant, lr=0.01, seed=seed, loss=by_lr[0.01], heldout_loss=by_lr[0.01] + seed,
+                              diverged=False))  # fmt: skip
+    variants = {v: {"best_lr": 0.01} for v in loss}
+    return dict(initial_loss=9.0, learning_rates=[0.001, 0.01, 0.1], cells=cells, variants=variants,
+                baseline="rmsnorm", reference_lr=0.01)  # fmt: skip
+
+
+def test_a_claim_older_than_its_per_seed_values_reads_them_again_from_the_cells():
+    """best_loss: the held-out loss at the best rate (3.8 + seed against 4.0 + seed); lr_sensitivity: each
+    seed's own curve, by hand: qk seed 0 (1.1 + 0 + 0.4) / 3 = 0.5, seed 1 the same; the baseline's seed 0
+    (1 + 0 + 0.6) / 3 = 0.533, its seed 1 with 0.1 diverged at 9: (1 + 0 + 4.9) / 3 = 1.967."""
+    data = _cells_study()
+    loss = dict(statistic="best_loss", arm="rmsnorm-qk", against="rmsnorm", seeds=[2, 3])
+    found = seed_values_from_cells(data, loss)
+    assert found["seeds"] == [2, 3]
+    assert found["values_arm"] == pytest.approx([5.8, 6.8]) and found["values_against"] == pytest.approx([6.0, 7.0])
+    sensitivity = dict(statistic="lr_sensitivity", arm="rmsnorm-qk", against="rmsnorm", seeds=2)  # a count
+    found = seed_values_from_cells(data, sensitivity)
+    assert found["seeds"] == [0, 1]
+    assert found["values_arm"] == pytest.approx([0.5, 0.5]) and found["values_against"] == pytest.approx(
+        [1.6 / 3, 5.9 / 3]
+    )
+    assert seed_values_from_cells(data, {**loss, "seeds": [2, 7]}) is None  # seed 7 has no cell
+    assert seed_values_from_cells(data, {**loss, "statistic": "max_attn_logit"}) is None  # not in the cells
+
+
+def test_a_statistic_of_one_run_is_read_from_reruns_of_the_claims_seeds(tmp_path):
+    """The largest attention logit at the study's reference rate (0.01), from the last stats row of each
+    rerun: 10 + seed for the baseline, 2 for QK-norm; the runs at 0.1 are not read."""
+    write_study(tmp_path, GRID)
+    _with_blocks(tmp_path, "attn/layers.{i}/max_logit",
+                 lambda c: [1.0, 2.0 if c["norm"]["qk"] else 10.0 + c["seed"] + c["train"]["lr"]])  # fmt: skip
+    results = load_results([str(tmp_path)], "val/loss")[0]
+    claim = dict(statistic="max_attn_logit", arm="rmsnorm-qk", against="rmsnorm", seeds=[0, 1, 2])
+    found = seed_values_from_runs(_cells_study(), claim, results)
+    assert found["seeds"] == [0, 1, 2] and found["values_arm"] == pytest.approx([2.0] * 3)
+    assert found["values_against"] == pytest.approx([10.01, 11.01, 12.01])
+    assert seed_values_from_runs(_cells_study(), {**claim, "seeds": [0, 9]}, results) is None
 
 
 def test_a_committed_claim_is_judged_again_and_an_untrained_arm_or_a_regime_leaves_it_untested():
@@ -243,16 +298,29 @@ def test_a_committed_claim_is_judged_again_and_an_untrained_arm_or_a_regime_leav
     null = claim("null", [1.0, 1.0, 1.0], [0.9, 1.1, 0.95], verdict="inconclusive")
     failed = claim("failed", [9.0, 9.1, 9.2], [2.0, 2.1, 2.2], expect="higher")  # its arm never trained
     kept = {**claim("edge", [1.0, 1.1, 1.3], [2.0, 2.0, 2.0]), "verdict": "not tested", "reason": "an edge"}
+    lost = {**claim("lost", [1.0, 1.1, 1.2], [2.0, 2.11, 2.19]), "verdict_before": "disagrees"}
+    del lost["values_arm"], lost["values_against"]
     regraded = regrade(
-        [strong, weak, null, failed, kept],
+        [strong, weak, null, failed, kept, lost],
         untrained=lambda c: ["failed"] if c["arm"] == "failed" else [],
         regime_fails=lambda c: None,
     )
-    assert [c["verdict"] for c in regraded] == ["agrees", "inconclusive", "inconclusive", "not tested", "not tested"]
+    assert [c["verdict"] for c in regraded] == [
+        "agrees", "inconclusive", "inconclusive", "not tested", "not tested", "not tested"
+    ]  # fmt: skip
+    assert "p" not in lost and "cannot be recomputed" in lost["reason"]
     assert weak["p"] < 0.05 < weak["p_holm"] == pytest.approx(2 * weak["p"])
     assert "p" not in failed and failed["reason"] == "failed did not train at any rate here"
     assert kept["reason"] == "an edge" and "p_holm" not in kept
-    assert [c["verdict_before"] for c in regraded] == ["agrees", "agrees", "inconclusive", "agrees", "not tested"]
+    # a claim judged before keeps its first verdict_before
+    assert [c["verdict_before"] for c in regraded] == [
+        "agrees",
+        "agrees",
+        "inconclusive",
+        "agrees",
+        "not tested",
+        "disagrees",
+    ]
 
 
 def test_a_claim_that_removes_a_phenomenon_is_not_tested_where_it_never_formed(tmp_path):
