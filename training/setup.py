@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import ModelConfig, Transformer, build_model
-from norms.cpu.rms_norm import flush_denormals
+from norms.cpu.denormals import flush_denormals
 from training.batches import split_global_batch
 from training.checkpoint import (
     CheckpointError,

@@ -23,17 +23,7 @@ def _library() -> ctypes.CDLL | None:
         pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         library.rms_norm_fwd_f32.argtypes = [*[pointer] * 4, i64, i64, i64, ctypes.c_float, i32, i32]
         library.rms_norm_bwd_f32.argtypes = [*[pointer] * 6, i64, i64, i64, i32, i32]
-        library.flush_denormals.argtypes = [i32]
     return library
-
-
-def flush_denormals() -> bool:
-    """Flush subnormal floats to zero on every CPU thread (see rms_norm.c); False where it cannot."""
-    torch.set_flush_denormal(True)  # the calling thread
-    if not available():
-        return False
-    _library().flush_denormals(torch.get_num_threads())
-    return True
 
 
 @torch.compiler.assume_constant_result  # torch.compile treats it as a constant, not a graph break
