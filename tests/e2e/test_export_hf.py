@@ -2,11 +2,11 @@
 
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
-from tiny_runs import ROOT, run_tiny
+from export_hf import main as export_hf
+from tiny_runs import run_tiny
 
 from model import ModelConfig, Transformer
 from training.checkpoint import load_checkpoint
@@ -14,14 +14,17 @@ from training.checkpoint import load_checkpoint
 transformers = pytest.importorskip("transformers")
 
 
-def _export(run_dir, out_dir, *options):
-    return subprocess.run(
-        [sys.executable, "scripts/export_hf.py", str(run_dir), str(out_dir), *options],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+@pytest.fixture
+def export_cli(capsys):
+    """scripts/export_hf.py's main, in this process (its command line is argparse's, nothing more): the exit
+    status and what it wrote to stderr."""
+
+    def run(run_dir, out_dir, *options) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        code = export_hf([str(run_dir), str(out_dir), *options])
+        return subprocess.CompletedProcess([], code, "", capsys.readouterr().err)
+
+    return run
 
 
 VARIANTS = {
@@ -33,9 +36,9 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, cache_dir, variant):
+def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, cache_dir, export_cli, variant):
     run_tiny(tmp_path / "run", cache_dir, 2, *VARIANTS[variant])
-    result = _export(tmp_path / "run", tmp_path / "hf")
+    result = export_cli(tmp_path / "run", tmp_path / "hf")
     assert result.returncode == 0, result.stderr
 
     state = load_checkpoint(tmp_path / "run")
@@ -58,17 +61,17 @@ def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, ca
         (("norm=ngpt",), r"nGPT \(norm=ngpt\) has no equivalent in Hugging Face's"),
     ],
 )
-def test_export_of_a_variant_without_a_twin_stops_with_the_reason(tmp_path, cache_dir, overrides, reason):
+def test_export_of_a_variant_without_a_twin_stops_with_the_reason(tmp_path, cache_dir, export_cli, overrides, reason):
     run_tiny(tmp_path / "run", cache_dir, 2, *overrides)
-    result = _export(tmp_path / "run", tmp_path / "hf")
+    result = export_cli(tmp_path / "run", tmp_path / "hf")
     assert result.returncode == 1
     assert re.search(reason, result.stderr), result.stderr
     assert not (tmp_path / "hf").exists()  # refused before anything was written
 
 
-def test_folded_gains_export_as_ones_with_the_same_logits(tmp_path, cache_dir):
+def test_folded_gains_export_as_ones_with_the_same_logits(tmp_path, cache_dir, export_cli):
     run_tiny(tmp_path / "run", cache_dir, 2, "norm=rmsnorm", "train.lr=0.03")  # gains that moved from one
-    assert _export(tmp_path / "run", tmp_path / "hf", "--fold-gains").returncode == 0
+    assert export_cli(tmp_path / "run", tmp_path / "hf", "--fold-gains").returncode == 0
     state = load_checkpoint(tmp_path / "run")
     ours = Transformer(ModelConfig(**state["model_config"])).eval()
     ours.load_state_dict(state["model"])
@@ -82,9 +85,9 @@ def test_folded_gains_export_as_ones_with_the_same_logits(tmp_path, cache_dir):
         assert (theirs(ids).logits - ours(ids)).abs().max().item() < 1e-4
 
 
-def test_a_model_whose_gains_cannot_fold_is_refused_naming_the_norm(tmp_path, cache_dir):
+def test_a_model_whose_gains_cannot_fold_is_refused_naming_the_norm(tmp_path, cache_dir, export_cli):
     run_tiny(tmp_path / "run", cache_dir, 2, "norm.placement=post")
-    result = _export(tmp_path / "run", tmp_path / "hf", "--fold-gains")
+    result = export_cli(tmp_path / "run", tmp_path / "hf", "--fold-gains")
     assert result.returncode == 1
     assert "cannot fold layers.0.attn_out_norm's gain: its output joins the residual stream" in result.stderr
     assert not (tmp_path / "hf").exists()

@@ -28,8 +28,7 @@ def _run_study(tmp_path, cache_dir, *extra):
     return result.stdout
 
 
-def test_one_command_runs_the_grid_the_edges_and_the_seeds_then_reports(tmp_path, tmp_path_factory):
-    cache_dir = str(tmp_path_factory.mktemp("cache"))
+def test_one_command_runs_the_grid_the_edges_and_the_seeds_then_reports(tmp_path, cache_dir):
     first = _run_study(tmp_path, cache_dir)
     assert "runs to train now" in first and "min left" in first
     data = json.loads((tmp_path / "report" / "study.json").read_text())

@@ -45,10 +45,9 @@ def test_concurrent_jobs_follow_joblibs_convention(launcher, jobs):
     assert concurrent_jobs(launcher, 8) == jobs
 
 
-def test_a_parallel_sweep_gives_each_job_its_share(tmp_path):
+def test_a_parallel_sweep_gives_each_job_its_share(tmp_path, cache_dir):
     """Two runs at once through Hydra's joblib launcher: each records (and logs) half the cores."""
-    cache = str(tmp_path / "cache")
-    overrides = [o for o in tiny_overrides(cache, 2) if not o.startswith("train.max_steps")]
+    overrides = [o for o in tiny_overrides(cache_dir, 2) if not o.startswith("train.max_steps")]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     command = [sys.executable, "train.py", "-m", "+experiment=stability", *overrides, "train.max_steps=2"]
     command += ["+variant=rmsnorm,identity", "train.lr=1e-3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
