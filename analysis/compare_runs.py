@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.format import interval, number
@@ -227,6 +227,9 @@ class AgainstBaseline:
 
     test: str
     result: Comparison | None
+    # what the test read, so it can be recomputed: the paired seeds and each side's value on them, or (Welch's)
+    # every run's value on each side
+    values: dict = field(default_factory=dict)
 
 
 def _finals_by_seed(runs: list[Run], metric: str) -> dict[int, float] | None:
@@ -257,13 +260,14 @@ def against_baseline(runs: list[Run], base_runs: list[Run], metric: str) -> Agai
             test = f"paired t, seeds {_seed_list(common)}" + (
                 f" (seeds {_seed_list(unpaired)} ran on one side only: left out)" if unpaired else ""
             )
-            return AgainstBaseline(test, paired_comparison([mine[s] - base[s] for s in common], "lower"))
+            values = {"seeds": common, "group": [mine[s] for s in common], "baseline": [base[s] for s in common]}
+            return AgainstBaseline(test, paired_comparison([mine[s] - base[s] for s in common], "lower"), values)
     a = [v for r in runs if (v := r.last(metric)) is not None]
     b = [v for r in base_runs if (v := r.last(metric)) is not None]
     result = unpaired_comparison(a, b)
     if result is None:
         return AgainstBaseline("no test: one run on a side", None)
-    return AgainstBaseline("Welch's t, unpaired: fewer than two seeds pair", result)
+    return AgainstBaseline("Welch's t, unpaired: fewer than two seeds pair", result, {"group": a, "baseline": b})
 
 
 def reading(result: Comparison | None) -> str:
@@ -305,6 +309,7 @@ def summary_rows(groups: dict[str, list[Run]], metric: str, baseline: str | None
                     "p": result.p if result else None,
                     "seeds": result.seeds if result else None,
                     "reading": reading(result),
+                    "values": comparison.values,
                 },
                 "quant_deltas": quant_deltas(runs),
                 "tokens_per_sec": _median_of(runs, TOKENS_PER_SEC),

@@ -32,6 +32,8 @@ def test_seeds_on_one_side_only_are_left_out_and_named():
     compared = against_baseline(runs(arm), runs(base, "base"), "val/loss")
     assert compared.test == "paired t, seeds 0, 1, 2 (seeds 3, 5 ran on one side only: left out)"
     assert compared.result.difference == pytest.approx(-0.1)
+    # what the test read, kept so it can be recomputed: the paired seeds and each side's value on them
+    assert compared.values == {"seeds": [0, 1, 2], "group": [4.9, 5.0, 5.1], "baseline": [5.0, 5.1, 5.2]}
 
 
 def test_runs_that_do_not_pair_fall_back_to_welch_named_as_such():
@@ -41,6 +43,7 @@ def test_runs_that_do_not_pair_fall_back_to_welch_named_as_such():
     assert compared.test == "Welch's t, unpaired: fewer than two seeds pair"
     by_hand = unpaired_comparison([4.0, 4.1, 4.2], [5.0, 5.1, 5.2])
     assert compared.result.ci95 == pytest.approx(by_hand.ci95) and compared.result.p == pytest.approx(by_hand.p)
+    assert compared.values == {"group": [4.0, 4.1, 4.2], "baseline": [5.0, 5.1, 5.2]}
     twice = runs({0: 4.0, 1: 4.1}) + runs({0: 4.2})  # seed 0 twice in the group: no pairing is possible
     assert against_baseline(twice, base, "val/loss").test.startswith("Welch's t, unpaired")
 
