@@ -3,13 +3,18 @@
 A study counts a variant as trained only once its best loss is well below this line (analysis/study.py).
 scripts/run_study.py computes it before the grid and records it in the study's folder (``study_plan.json``);
 runs recorded it themselves (``runtime.unigram_val_loss``) while the core computed it, and those records
-still count.
+still count. Runs of neither kind (a map trained with ``train.py -m``) get it computed from their config's
+data, once per corpus and sequence length.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from analysis.results import read_plan
 from training.data import build_data
@@ -31,10 +36,29 @@ def compute_unigram_val_loss(cfg) -> float:
     return unigram_loss(data.train.tokens, data.val, data.tokenizer.get_vocab_size())
 
 
+@functools.cache
+def _computed(data_and_seq_len: str) -> float | None:
+    config = json.loads(data_and_seq_len)
+    try:
+        return compute_unigram_val_loss(OmegaConf.create(config))
+    except (KeyError, OSError, ValueError):  # a run whose data cannot be built here
+        return None
+
+
 def run_unigram_loss(run) -> float | None:
-    """A run's unigram line: its own record, else its study folder's, else None."""
+    """A run's unigram line: its own record, else its study folder's, else computed from its data config
+    (None where that data cannot be built here)."""
     recorded = (run.config.get("runtime") or {}).get("unigram_val_loss")
     if recorded is not None:
         return recorded
     plan = read_plan([str(run.path.parent)])
-    return None if plan is None else plan.get("unigram_val_loss")
+    if plan is not None and plan.get("unigram_val_loss") is not None:
+        return plan["unigram_val_loss"]
+    config = run.config
+    if "data" not in config or "train" not in config or "model" not in config:
+        return None
+    seq_len = {
+        "train": {"seq_len": config["train"].get("seq_len")},
+        "model": {"max_seq_len": config["model"].get("max_seq_len")},
+    }
+    return _computed(json.dumps({"data": config["data"], **seq_len}, sort_keys=True))

@@ -6,9 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
+from tiny_runs import compose_config, tiny_overrides
 
 from analysis.runs import Run
-from analysis.unigram import run_unigram_loss, unigram_loss
+from analysis.unigram import compute_unigram_val_loss, run_unigram_loss, unigram_loss
 
 
 def test_unigram_loss_by_hand():
@@ -29,3 +31,11 @@ def test_a_runs_line_is_its_own_record_else_its_study_folders(tmp_path):
     assert run_unigram_loss(_run(run_dir, {})) is None
     (tmp_path / "study" / "study_plan.json").write_text(json.dumps({"unigram_val_loss": 6.0}))
     assert run_unigram_loss(_run(run_dir, {})) == 6.0
+
+
+def test_a_run_with_no_record_gets_the_line_computed_from_its_data(tmp_path, cache_dir):
+    """A map trained with train.py -m records no line; its config's data gives it, as run_study.py computes it."""
+    cfg = compose_config(*tiny_overrides(cache_dir))
+    config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": {}}
+    line = run_unigram_loss(Run(path=tmp_path / "run", config=config, rows=[], tokenizer_hash=""))
+    assert line == compute_unigram_val_loss(cfg) and 0 < line < math.log(cfg.data.vocab_size)
