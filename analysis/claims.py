@@ -232,11 +232,19 @@ def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Cl
     return list(found.values())
 
 
-def _seeds_asked(claim: dict, have: Callable[[int], bool], seeds_run: list[int]) -> list[int]:
-    """The claim's seeds; a count (a study.json older than seed lists) stands for the first seeds both arms have."""
+def _seeds_asked(data: dict, claim: dict) -> list[int]:
+    """The claim's seeds; a count (a study.json older than seed lists) stands for the first seeds that both arms
+    ran in the role the statistic reads them in (selection seeds, called grid seeds then; or report seeds)."""
     if isinstance(claim["seeds"], list):
         return claim["seeds"]
-    return [s for s in seeds_run if have(s)][: claim["seeds"]]
+    role = (
+        ("selection_seeds", "grid_seeds") if STATISTICS[claim["statistic"]].seeds == "selection" else ("report_seeds",)
+    )
+    ran = [
+        next((v[key] for key in role if key in v), [])
+        for v in (data["variants"][claim["arm"]], data["variants"][claim["against"]])
+    ]
+    return sorted(set(ran[0]) & set(ran[1]))[: claim["seeds"]]
 
 
 def _values_of(claim: dict, seeds: list[int], value: Callable[[str, int], float | None]) -> dict | None:
@@ -270,15 +278,16 @@ def seed_values_from_cells(data: dict, claim: dict) -> dict | None:
         curve = [cells.get((variant, lr, seed)) for lr in data["learning_rates"]]
         return None if None in curve else lr_sensitivity({c["lr"]: capped(c) for c in curve})
 
-    seeds_run = sorted({c["seed"] for c in data["cells"]})
-    seeds = _seeds_asked(claim, lambda s: value(claim["arm"], s) is not None, seeds_run)
-    return _values_of(claim, seeds, value)
+    return _values_of(claim, _seeds_asked(data, claim), value)
 
 
 # The statistics of one run at a rate its study.json names: where it is read, and the run's value.
-RUN_STATISTICS: dict[str, tuple[Callable[[dict], float], Callable[[Result], float | None]]] = {
-    "stream_growth": (lambda data: data["variants"][data["baseline"]]["best_lr"], final_stream_growth),
-    "max_attn_logit": (lambda data: data["reference_lr"], final_max_attn_logit),
+RUN_STATISTICS: dict[str, tuple[Callable[[dict], float | None], Callable[[Result], float | None]]] = {
+    "stream_growth": (
+        lambda data: data["variants"][data["baseline"]]["best_lr"] if "baseline" in data else None,
+        final_stream_growth,
+    ),
+    "max_attn_logit": (lambda data: data.get("reference_lr"), final_max_attn_logit),
 }
 
 
@@ -290,15 +299,15 @@ def seed_values_from_runs(data: dict, claim: dict, results: list[Result]) -> dic
         return None
     rate_of, value_of = RUN_STATISTICS[claim["statistic"]]
     rate = rate_of(data)
+    if rate is None:  # a study.json older than the rate's record
+        return None
     runs = {(r.variant, r.lr, r.seed): r for r in results}
 
     def value(variant: str, seed: int) -> float | None:
         run = runs.get((variant, rate, seed))
         return None if run is None else value_of(run)
 
-    seeds_run = sorted({r.seed for r in results})
-    seeds = _seeds_asked(claim, lambda s: value(claim["arm"], s) is not None, seeds_run)
-    return _values_of(claim, seeds, value)
+    return _values_of(claim, _seeds_asked(data, claim), value)
 
 
 def regrade(
@@ -308,11 +317,13 @@ def regrade(
     keeps (no runs needed). A claim whose arm did not train (``untrained(claim)`` names them) or whose model lies
     outside its paper's regime (``regime_fails(claim)`` says why) is not tested, and so is one without per-seed
     values (its paired test cannot be recomputed); every other claim is compared again from
-    ``values_arm - values_against`` with its ``expect`` and ``margin``; then Holm's correction over the tested
-    ones. Each claim keeps the ``verdict_before`` of its first judgement."""
+    ``values_arm - values_against`` with its ``expect`` and ``margin`` (``value_arm`` and ``value_against``
+    become the means over those seeds); then Holm's correction over the tested ones. Each claim keeps the
+    ``verdict_before`` of its first judgement, and every claim tested then is judged again (a claim found
+    without values once is tested once they are found)."""
     for claim in claims:
         claim.setdefault("verdict_before", claim["verdict"])
-        if claim["verdict"] == "not tested":  # its reason (an edge, a bound, a regime) stands
+        if claim["verdict_before"] == "not tested":  # its first reason (an edge, a bound, a regime) stands
             continue
         why = ", ".join(untrained(claim))
         why = f"{why} did not train at any rate here" if why else regime_fails(claim)

@@ -3,8 +3,9 @@
 A study counts a variant as trained only once its best loss is well below this line (analysis/study.py).
 scripts/run_study.py computes it before the grid and records it in the study's folder (``study_plan.json``);
 runs recorded it themselves (``runtime.unigram_val_loss``) while the core computed it, and those records
-still count. Runs of neither kind (a map trained with ``train.py -m``) get it computed from their config's
-data, once per corpus and sequence length.
+still count. A reader of runs of neither kind (the DyT map, trained with ``train.py -m``) asks for the line
+computed from their config's data, once per corpus and sequence length; the studies' readers do not, so
+what counts as trained in a committed study does not change with the machine that reads it.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def _computed(data_and_seq_len: str) -> float | None:
         return None
 
 
-def run_unigram_loss(run) -> float | None:
-    """A run's unigram line: its own record, else its study folder's, else computed from its data config
-    (None where that data cannot be built here)."""
+def run_unigram_loss(run, compute: bool = False) -> float | None:
+    """A run's unigram line: its own record, else its study folder's, else (``compute``) computed from its data
+    config, None where that data cannot be built here."""
     recorded = (run.config.get("runtime") or {}).get("unigram_val_loss")
     if recorded is not None:
         return recorded
@@ -55,7 +56,7 @@ def run_unigram_loss(run) -> float | None:
     if plan is not None and plan.get("unigram_val_loss") is not None:
         return plan["unigram_val_loss"]
     config = run.config
-    if "data" not in config or "train" not in config or "model" not in config:
+    if not compute or not all(key in config for key in ("data", "train", "model")):
         return None
     seq_len = {
         "train": {"seq_len": config["train"].get("seq_len")},

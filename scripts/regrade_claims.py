@@ -33,11 +33,19 @@ def study_claims(data: dict) -> list[dict]:
     return [claim for row in rows for claim in row.get("claims", [])]
 
 
-def variants_at(data: dict, claim: dict) -> dict:
-    """The variant entries of the model a claim was read on (the claim's depth in a depth study)."""
+def study_at(data: dict, claim: dict) -> dict:
+    """The study.json as seen from a claim: with its own model's entries (its depth's in a depth study, its
+    model's in a size study) over the file's."""
     if "by_depth" in data:
-        return next(row["variants"] for row in data["by_depth"] if row["n_layers"] == claim["n_layers"])
-    return data.get("variants", {})
+        return {**data, **next(row for row in data["by_depth"] if row["n_layers"] == claim["n_layers"])}
+    if "by_size" in data:
+        return {**data, **next(row for row in data["by_size"] if claim in row["claims"])}
+    return data
+
+
+def variants_at(data: dict, claim: dict) -> dict:
+    """The variant entries of the model a claim was read on."""
+    return study_at(data, claim).get("variants", {})
 
 
 def section(claims: list[dict]) -> str:
@@ -49,7 +57,8 @@ def section(claims: list[dict]) -> str:
         f"The study's {len(tested)} tested claims are one family: each verdict is judged again "
         "(`scripts/regrade_claims.py`) from its per-seed values (`values_arm`, `values_against` in study.json; "
         "where the study predates their record, read again from its cells, or measured on reruns of its seeds "
-        "where `values_from` says so), and it agrees or disagrees only where Holm's adjusted p is below 0.05 "
+        "where `values_from` says so; the arms' values are then means over the paired seeds), and it agrees or "
+        "disagrees only where Holm's adjusted p is below 0.05 "
         "as well; a claim whose arm did not train, whose model lies outside its paper's regime, or whose "
         "per-seed values are lost, is not tested. These rows supersede the verdicts above.",
         "",
@@ -95,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
 
     reruns = load_results([args.runs], VAL_LOSS)[0] if args.runs else []
     for claim in study_claims(data):
-        if claim["verdict"] == "not tested" or claim.get("values_arm") is not None:
+        if claim.get("verdict_before", claim["verdict"]) == "not tested" or claim.get("values_arm") is not None:
             continue
-        if found := seed_values_from_cells(data, claim):
+        if found := seed_values_from_cells(study_at(data, claim), claim):
             claim.update(found, values_from="the study's cells")
-        elif reruns and (found := seed_values_from_runs(data, claim, reruns)):
+        elif reruns and (found := seed_values_from_runs(study_at(data, claim), claim, reruns)):
             claim.update(found, values_from="reruns of its seeds, not the runs first reported")
     claims = regrade(study_claims(data), untrained, regime_fails)
     path.write_text(json.dumps(data, indent=1))

@@ -248,7 +248,7 @@ def _cells_study() -> dict:
         for seed in (2, 3):
             cells.append(dict(variant=variant, lr=0.01, seed=seed, loss=by_lr[0.01], heldout_loss=by_lr[0.01] + seed,
                               diverged=False))  # fmt: skip
-    variants = {v: {"best_lr": 0.01} for v in loss}
+    variants = {v: {"best_lr": 0.01, "selection_seeds": [0, 1], "report_seeds": [2, 3]} for v in loss}
     return dict(initial_loss=9.0, learning_rates=[0.001, 0.01, 0.1], cells=cells, variants=variants,
                 baseline="rmsnorm", reference_lr=0.01)  # fmt: skip
 
@@ -309,6 +309,9 @@ def test_a_committed_claim_is_judged_again_and_an_untrained_arm_or_a_regime_leav
         "agrees", "inconclusive", "inconclusive", "not tested", "not tested", "not tested"
     ]  # fmt: skip
     assert "p" not in lost and "cannot be recomputed" in lost["reason"]
+    lost.update(values_arm=[1.0, 1.1, 1.2], values_against=[2.0, 2.11, 2.19])  # found later: tested again
+    (found,) = regrade([lost], untrained=lambda c: [], regime_fails=lambda c: None)
+    assert found["verdict"] == "agrees" and found["verdict_before"] == "disagrees" and "reason" not in found
     assert weak["p"] < 0.05 < weak["p_holm"] == pytest.approx(2 * weak["p"])
     assert "p" not in failed and failed["reason"] == "failed did not train at any rate here"
     assert kept["reason"] == "an edge" and "p_holm" not in kept

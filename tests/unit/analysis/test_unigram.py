@@ -34,8 +34,10 @@ def test_a_runs_line_is_its_own_record_else_its_study_folders(tmp_path):
 
 
 def test_a_run_with_no_record_gets_the_line_computed_from_its_data(tmp_path, cache_dir):
-    """A map trained with train.py -m records no line; its config's data gives it, as run_study.py computes it."""
+    """A map trained with train.py -m records no line; asked, its config's data gives it as run_study.py computes it."""
     cfg = compose_config(*tiny_overrides(cache_dir))
     config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": {}}
-    line = run_unigram_loss(Run(path=tmp_path / "run", config=config, rows=[], tokenizer_hash=""))
+    run = Run(path=tmp_path / "run", config=config, rows=[], tokenizer_hash="")
+    assert run_unigram_loss(run) is None  # a study's reader does not compute it
+    line = run_unigram_loss(run, compute=True)
     assert line == compute_unigram_val_loss(cfg) and 0 < line < math.log(cfg.data.vocab_size)
