@@ -5,8 +5,10 @@ The library behind ``scripts/dyt_map_report.py``:
     python scripts/dyt_map_report.py runs/dyt_map --out docs/study/dyt
 
 A *setting* is a norm, a model (its width), the norms' alpha, the embedding scale and the schedule
-(rate and warmup); the map runs one seed of each, and a setting's command with ``seed=1,2`` adds
-seeds to it. A run *trains* when its final validation loss is at least TRAINED_MARGIN (0.3) nats below
+(rate and warmup); the map runs one seed of each, seed 0, which chooses the best setting; a setting's
+command with ``seed=1,2,3`` adds the seeds that report it. DyT's best setting is compared with no norm
+(``norm=identity``) only once each has run at least MIN_RATES rates on seed 0, which picks each one's
+rate, and then on seeds that chose neither the setting nor the rates. A run *trains* when its final validation loss is at least TRAINED_MARGIN (0.3) nats below
 the unigram loss of the validation windows, the studies' line (analysis/study.py). A setting with one
 seed is read from that seed; with several it trains when every seed does, and its mean loss gets a
 Student's t interval.
@@ -97,20 +99,77 @@ def final_alphas(run: Run) -> list[float]:
     return [float(value) for key, value in state.items() if key.endswith(".alpha")]
 
 
-def against_no_norm(best: dict, settings: list[dict]) -> dict | None:
-    """The best setting's loss minus the no-norm control's (a setting without an alpha on the same model,
-    embedding scale and schedule), paired by seed over the seeds both ran (two or more); else None."""
-    same = ("model", "embed_scale", "lr", "warmup_steps", "steps", "batch_size")
-    control = next((s for s in settings if s["alpha"] is None and all(s[k] == best[k] for k in same)), None)
-    if control is None or best is control:
-        return None
-    mine, theirs = dict(zip(best["seeds"], best["losses"])), dict(zip(control["seeds"], control["losses"]))
-    seeds = sorted(seed for seed in mine.keys() & theirs.keys() if mine[seed] is not None and theirs[seed] is not None)
+# The seed that maps every setting and chooses the best setting and rates; the others report them.
+MAP_SEED = 0
+# A rate counts as tuned over at least this many rates (the studies' minimum for a curve), the best strictly
+# inside them.
+MIN_RATES = 3
+
+
+def at_other_rates(setting: dict, settings: list[dict]) -> list[dict]:
+    """The settings that differ from ``setting`` at most in their rate (``setting`` among them)."""
+    keys = [k for k in Setting.__dataclass_fields__ if k not in ("lr", "params")]
+    return [s for s in settings if all(s[k] == setting[k] for k in keys)]
+
+
+def map_rates(candidates: list[dict]) -> list[float]:
+    """The rates the map's seed ran, of one setting at several rates."""
+    return sorted({s["lr"] for s in candidates if MAP_SEED in s["seeds"]})
+
+
+def best_rate(candidates: list[dict]) -> tuple[dict | None, str | None]:
+    """Of one setting at several rates, the rate with the lowest loss on the map's seed (which chooses it),
+    or None and why: the map's seed ran fewer than MIN_RATES rates, diverged at every one, or did best at an
+    edge of them."""
+    ran = [s for s in candidates if MAP_SEED in s["seeds"]]
+    rates = map_rates(candidates)
+    if len(rates) < MIN_RATES:
+        return None, f"{len(rates)} rate(s) run on seed {MAP_SEED}, fewer than the {MIN_RATES} a tuned rate needs"
+    finished = [s for s in ran if s["map_loss"] is not None]
+    if not finished:
+        return None, f"seed {MAP_SEED} diverged at every rate ({rates[0]:g} to {rates[-1]:g})"
+    chosen = min(finished, key=lambda s: s["map_loss"])
+    if chosen["lr"] in (rates[0], rates[-1]):
+        return None, f"best rate {chosen['lr']:g} at an edge of the rates run ({rates[0]:g} to {rates[-1]:g})"
+    return chosen, None
+
+
+def report_losses(setting: dict) -> dict[int, float]:
+    """A setting's final loss on each seed but the map's, which chose it: the seeds that report it."""
+    return {
+        seed: loss for seed, loss in zip(setting["seeds"], setting["losses"]) if seed != MAP_SEED and loss is not None
+    }
+
+
+def against_no_norm(best: dict, settings: list[dict]) -> dict:
+    """The best setting against the no-norm control (no alpha, the same model, embedding scale and warmup),
+    each at its own best rate, both chosen on the map's seed over at least MIN_RATES rates; the difference
+    paired over the seeds that did not choose them (two or more). Else the reason it is not compared."""
+    dyt, why = best_rate(at_other_rates(best, settings))
+    if dyt is None:
+        return {"reason": f"{best['norm']}'s rate is not tuned: {why}"}
+    control_like = {**best, "norm": "identity", "alpha": None}
+    control, why = best_rate(at_other_rates(control_like, settings))
+    if control is None:
+        return {"reason": f"the no-norm control's rate is not tuned: {why}"}
+    mine, theirs = report_losses(dyt), report_losses(control)
+    seeds = sorted(mine.keys() & theirs.keys())
     if len(seeds) < 2:
-        return None
+        return {"reason": f"{len(seeds)} seed(s) that did not choose the rates ran both; two or more compare"}
     comparison = paired_comparison([mine[seed] - theirs[seed] for seed in seeds], "higher")
-    return {"control": control["norm"], "difference": comparison.difference, "ci95": comparison.ci95,
-            "p": comparison.p, "seeds": seeds}  # fmt: skip
+    return {
+        "control": control["norm"],
+        "rates": map_rates(at_other_rates(best, settings)),
+        "control_rates": map_rates(at_other_rates(control_like, settings)),
+        "lr": dyt["lr"],
+        "control_lr": control["lr"],
+        "seeds": seeds,
+        "values": [mine[s] for s in seeds],
+        "values_control": [theirs[s] for s in seeds],
+        "difference": comparison.difference,
+        "ci95": comparison.ci95,
+        "p": comparison.p,
+    }
 
 
 def summarize(runs: list[Run]) -> dict:
@@ -118,11 +177,11 @@ def summarize(runs: list[Run]) -> dict:
     by_setting: dict[Setting, list[Run]] = defaultdict(list)
     for run in runs:
         by_setting[setting_of(run)].append(run)
-    unigrams = {run_unigram_loss(run) for run in runs}
+    unigrams = {run_unigram_loss(run, compute=True) for run in runs}
     if len(unigrams) != 1 or None in unigrams:
         raise RunsError(
             "the runs do not share one unigram loss (analysis/unigram.py): they validate on different "
-            f"windows or predate that record ({sorted(map(str, unigrams))}); map one corpus at a time"
+            f"windows, or their data cannot be built here ({sorted(map(str, unigrams))}); map one corpus at a time"
         )
     unigram = unigrams.pop()
     line = unigram - TRAINED_MARGIN
@@ -138,7 +197,8 @@ def summarize(runs: list[Run]) -> dict:
                 **asdict(setting),
                 "seeds": [r.config["seed"] for r in seed_runs],
                 "losses": losses,
-                "map_loss": losses[0],  # the map's own seed (the lowest): it chooses the best setting
+                # the map's own seed, which chooses the best setting (None where it diverged or did not run)
+                "map_loss": next((loss for r, loss in zip(seed_runs, losses) if r.config["seed"] == MAP_SEED), None),
                 "loss": {"mean": statistics.fmean(finite), "ci95": t_interval(finite)} if finite else None,
                 "trained": all(loss is not None and loss <= line for loss in losses),
                 # over the norms, mean over seeds: the mean share, and the most saturated norm's
@@ -153,19 +213,28 @@ def summarize(runs: list[Run]) -> dict:
     )
     smallest = {}
     for norm in sorted({s["norm"] for s in settings}):
-        trained = [s for s in settings if s["norm"] == norm and s["trained"]]
+        # settings the map's seed ran (a setting with only added seeds is not on the map)
+        trained = [s for s in settings if s["norm"] == norm and s["trained"] and s["map_loss"] is not None]
         if trained:
             mine = [s for s in settings if s["norm"] == norm]
             model = min({s["model"] for s in trained}, key=lambda m: _params(mine, m))
             at_smallest = [s for s in trained if s["model"] == model]
+            best = min(at_smallest, key=lambda s: s["map_loss"])  # chosen on the map's seed
+            reported = list(report_losses(best).values())  # so the seeds that report it never chose it
             smallest[norm] = {
                 "model": model,
                 "params": _params(mine, model),
-                # chosen on the map's seed, so the seeds that confirm it never chose it
-                "best": min(at_smallest, key=lambda s: s["map_loss"]),
+                "best": best,
                 "settings": len(at_smallest),
+                "report": {
+                    "seeds": list(report_losses(best)),
+                    "mean": statistics.fmean(reported),
+                    "ci95": t_interval(reported),
+                }
+                if reported
+                else None,  # fmt: skip
+                "vs_no_norm": None if best["alpha"] is None else against_no_norm(best, settings),  # the control itself
             }
-            smallest[norm]["vs_no_norm"] = against_no_norm(smallest[norm]["best"], settings)
         else:
             smallest[norm] = None
     return {"unigram_loss": unigram, "line": line, "trained_margin": TRAINED_MARGIN, "settings": settings,
@@ -178,9 +247,18 @@ def plot_map(summary: dict, path: Path) -> None:
     plt = pyplot()
     with_alpha = [s for s in summary["settings"] if s["alpha"] is not None]
     panels = sorted({(s["norm"], s["model"]) for s in with_alpha}, key=lambda p: (p[0], _params(with_alpha, p[1])))
-    curves = sorted({(s["embed_scale"], s["lr"], s["warmup_steps"]) for s in with_alpha})
+    # a line per schedule that the map swept alpha at; the rate-tuning runs of one alpha are in the table
+    points = defaultdict(set)
+    for s in with_alpha:
+        points[(s["embed_scale"], s["lr"], s["warmup_steps"])].add(s["alpha"])
+    curves = sorted(curve for curve, alphas in points.items() if len(alphas) > 1)
     colours = {curve: f"C{i}" for i, curve in enumerate(curves)}
-    controls = [s for s in summary["settings"] if s["alpha"] is None and s["loss"]]
+    schedules = {(lr, warmup) for _, lr, warmup in curves}
+    controls = [
+        s
+        for s in summary["settings"]
+        if s["alpha"] is None and s["map_loss"] is not None and (s["lr"], s["warmup_steps"]) in schedules
+    ]
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.2 * rows), squeeze=False, sharey=True)
@@ -203,7 +281,7 @@ def plot_map(summary: dict, path: Path) -> None:
                 )
         for i, s in enumerate(c for c in controls if c["model"] == model):
             ax.axhline(
-                s["loss"]["mean"] - summary["unigram_loss"],
+                s["map_loss"] - summary["unigram_loss"],
                 ls=":",
                 color="black" if i == 0 else "grey",
                 label=f"{s['norm']} (no norm), embed {s['embed_scale']}",
@@ -215,7 +293,8 @@ def plot_map(summary: dict, path: Path) -> None:
         ax.set_ylabel("final val loss − unigram loss (nats)")
         ax.set_title(f"{norm}, {model}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(
@@ -252,25 +331,28 @@ def findings(summary: dict) -> list[str]:
                 f"{norm}: none of its {len(mine)} settings trains (none ends {summary['trained_margin']} nats below the unigram loss)."
             )
             continue
-        best = found["best"]
-        seeds = best["seeds"]
+        best, report = found["best"], found["report"]
         confirmed = (
-            f"with seeds {', '.join(map(str, seeds))} its mean is {best['loss']['mean']:.3f}"
-            f"{interval(best['loss']['ci95'])}, every seed below the line"
-            if len(seeds) >= 3
-            else f"{len(seeds)} seed: not confirmed (its command with seed=1,2 adds seeds that did not choose it)"
+            f"on seeds {', '.join(map(str, report['seeds']))}, which did not choose it, its mean is "
+            f"{report['mean']:.3f}{interval(report['ci95'])}"
+            if report and len(report["seeds"]) >= 2
+            else "not confirmed: fewer than two seeds that did not choose it ran it (its command with seed=1,2 adds them)"
         )
-        versus = found.get("vs_no_norm")
-        if versus:
+        versus = found["vs_no_norm"]  # None for the control itself
+        if versus is not None and "reason" in versus:
+            confirmed += f"; not compared with no norm: {versus['reason']}"
+        elif versus is not None:
             confirmed += (
-                f"; against no norm ({versus['control']}) at the same model, embedding scale and schedule it is "
+                f"; against no norm ({versus['control']}, the same model, embedding scale and warmup), each at its "
+                f"best rate on the map's seed ({versus['lr']:g} of {', '.join(f'{r:g}' for r in versus['rates'])}; "
+                f"{versus['control_lr']:g} of {', '.join(f'{r:g}' for r in versus['control_rates'])}), it is "
                 f"{versus['difference']:+.3f}{interval(versus['ci95'], '+.3f')} nats, p = {number(versus['p'])}, "
                 f"paired over seeds {', '.join(map(str, versus['seeds']))}"
             )
         lines.append(
             f"{norm} trains from {found['model']} ({found['params'] / 1e6:.2f}M parameters), the smallest model "
             f"mapped at which a setting trains: {found['settings']} settings there. The best on the map's seed "
-            f"{seeds[0]} is alpha {number(best['alpha'], 'g')}, embed {best['embed_scale']}, "
+            f"{best['seeds'][0]} is alpha {number(best['alpha'], 'g')}, embed {best['embed_scale']}, "
             f"{Setting(**{k: best[k] for k in Setting.__dataclass_fields__}).schedule}, at {best['map_loss']:.3f}; "
             f"{confirmed}."
         )

@@ -13,8 +13,8 @@ from analysis.runs import RunsError, load_runs
 UNIGRAM = 6.0  # the line is 5.7
 
 
-def _run(root, model, d_model, params, alpha, loss, seed=0, norm="dyt", unigram=UNIGRAM, diverged_at=None):
-    run = write_run(root / f"{norm}-a{alpha}", model, 0.003, loss, seed=seed, model=model, diverged_at=diverged_at)
+def _run(root, model, d_model, params, alpha, loss, seed=0, norm="dyt", unigram=UNIGRAM, diverged_at=None, lr=0.003):
+    run = write_run(root / f"{norm}-a{alpha}", model, lr, loss, seed=seed, model=model, diverged_at=diverged_at)
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["norm"] = {"name": norm, "alpha_init": alpha}
     config["model"].update(d_model=d_model, embed_scale="none")
@@ -54,12 +54,8 @@ def test_with_several_seeds_every_seed_must_train_and_the_mean_gets_an_interval(
     summary = summarize(load_runs([str(tmp_path)])[0])
     assert summary["smallest_trained"]["dyt"]["best"]["alpha"] == 0.003  # chosen on seed 0: 5.4 against 5.45
     settings = {s["alpha"]: s for s in summary["settings"]}
-    assert summary["smallest_trained"]["dyt"]["vs_no_norm"] is None  # no control ran
-    for seed, loss in enumerate((5.0, 5.2, 5.1)):  # the no-norm control, seeds 0-2: differences 0.4, 0.3, 0.5
-        _run(tmp_path, "d64", 64, 400_000, None, loss, seed=seed, norm="identity")
-    versus = summarize(load_runs([str(tmp_path)])[0])["smallest_trained"]["dyt"]["vs_no_norm"]
-    assert (versus["control"], versus["seeds"]) == ("identity", [0, 1, 2])
-    assert versus["difference"] == pytest.approx(0.4) and versus["ci95"][0] > 0
+    report = summary["smallest_trained"]["dyt"]["report"]  # on the seeds that did not choose it
+    assert report["seeds"] == [1, 2] and report["mean"] == pytest.approx(5.55)
     assert settings[0.01]["trained"] is False and settings[0.003]["trained"] is True
     assert settings[0.003]["loss"]["mean"] == pytest.approx(5.5)
     low, high = settings[0.003]["loss"]["ci95"]
@@ -107,3 +103,33 @@ def test_alpha_at_the_end_is_read_from_the_last_checkpoint(tmp_path):
     assert final_alphas(run) == pytest.approx([0.3, -0.6])  # the newest checkpoint's
     (setting,) = summarize([run])["settings"]
     assert setting["alpha_end"] == pytest.approx([-0.6, 0.3]) and setting["saturated_max"] == 0.5
+
+
+def test_dyt_and_no_norm_are_compared_at_their_own_tuned_rates_on_seeds_that_chose_neither(tmp_path):
+    """Each rate is chosen on the map's seed 0 over three rates or more, inside them; the difference is
+    paired over seeds 1-2 only: DyT at 0.003 (5.5, 5.6) against no norm at 0.01 (5.2, 5.1): +0.4."""
+
+    def add(norm, alpha, losses_by_lr, seeds=(0,)):
+        for lr, losses in losses_by_lr.items():
+            for seed, loss in zip(seeds, losses):
+                _run(tmp_path, "d64", 64, 400_000, alpha, loss, seed=seed, norm=norm, lr=lr)
+
+    add("dyt", 0.003, {0.001: [5.6], 0.003: [5.4], 0.01: [5.5]})
+    add("dyt", 0.003, {0.003: [5.5, 5.6]}, seeds=(1, 2))
+    add("dyt", 0.003, {0.03: [4.0]}, seeds=(1,))  # lower, but seed 0 did not run it: neither chosen nor a rate
+
+    def versus():
+        return summarize(load_runs([str(tmp_path)])[0])["smallest_trained"]["dyt"]["vs_no_norm"]
+
+    assert versus() == {
+        "reason": "the no-norm control's rate is not tuned: 0 rate(s) run on seed 0, fewer than the 3 a tuned rate needs"
+    }
+    add("identity", None, {0.001: [5.3], 0.003: [5.1], 0.01: [5.0]})
+    assert "best rate 0.01 at an edge of the rates run (0.001 to 0.01)" in versus()["reason"]
+    add("identity", None, {0.03: [5.2]})
+    assert "0 seed(s)" in versus()["reason"]  # seeds 1-2 have not run at no norm's best rate yet
+    add("identity", None, {0.01: [5.2, 5.1]}, seeds=(1, 2))
+    found = versus()
+    assert (found["lr"], found["control_lr"], found["seeds"]) == (0.003, 0.01, [1, 2])
+    assert found["values_control"] == [5.2, 5.1] and found["difference"] == pytest.approx(0.4)
+    assert found["rates"] == [0.001, 0.003, 0.01] and found["control_rates"] == [0.001, 0.003, 0.01, 0.03]
