@@ -48,14 +48,8 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, cache_dir):
     test_ddp.py, test_fsdp_training.py and test_ngpt_training.py."""
     extra = ("train.optimizer=muon", "train.qk_clip=0.05")
     uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
-    # the reference trains beside the run that is killed: two processes, one per core, the same numbers
-    reference = subprocess.Popen(
-        _command(cache_dir, uninterrupted, *extra),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    _run(_command(cache_dir, uninterrupted, *extra))
+
     process = subprocess.Popen(
         _command(cache_dir, interrupted, *extra), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -67,8 +61,6 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, cache_dir):
     process.wait()
     killed_at = _logged_steps(interrupted)
     assert 0 < killed_at < STEPS
-    output = reference.communicate(timeout=600)[0]
-    assert reference.returncode == 0, output[-3000:]
 
     resumed = _run(_command(cache_dir, interrupted, *extra))
     assert "resuming from step" in resumed.stderr + resumed.stdout
