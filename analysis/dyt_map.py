@@ -122,7 +122,7 @@ def best_rate(candidates: list[dict]) -> tuple[dict | None, str | None]:
     or None and why: the map's seed ran fewer than MIN_RATES rates, diverged at every one, or did best at an
     edge of them."""
     ran = [s for s in candidates if MAP_SEED in s["seeds"]]
-    rates = map_rates(candidates)
+    rates = sorted({s["lr"] for s in ran})
     if len(rates) < MIN_RATES:
         return None, f"{len(rates)} rate(s) run on seed {MAP_SEED}, fewer than the {MIN_RATES} a tuned rate needs"
     finished = [s for s in ran if s["map_loss"] is not None]
@@ -145,11 +145,12 @@ def against_no_norm(best: dict, settings: list[dict]) -> dict:
     """The best setting against the no-norm control (no alpha, the same model, embedding scale and warmup),
     each at its own best rate, both chosen on the map's seed over at least MIN_RATES rates; the difference
     paired over the seeds that did not choose them (two or more). Else the reason it is not compared."""
-    dyt, why = best_rate(at_other_rates(best, settings))
+    family = at_other_rates(best, settings)
+    dyt, why = best_rate(family)
     if dyt is None:
         return {"reason": f"{best['norm']}'s rate is not tuned: {why}"}
-    control_like = {**best, "norm": "identity", "alpha": None}
-    control, why = best_rate(at_other_rates(control_like, settings))
+    control_family = at_other_rates({**best, "norm": "identity", "alpha": None}, settings)
+    control, why = best_rate(control_family)
     if control is None:
         return {"reason": f"the no-norm control's rate is not tuned: {why}"}
     mine, theirs = report_losses(dyt), report_losses(control)
@@ -159,8 +160,8 @@ def against_no_norm(best: dict, settings: list[dict]) -> dict:
     comparison = paired_comparison([mine[seed] - theirs[seed] for seed in seeds], "higher")
     return {
         "control": control["norm"],
-        "rates": map_rates(at_other_rates(best, settings)),
-        "control_rates": map_rates(at_other_rates(control_like, settings)),
+        "rates": map_rates(family),
+        "control_rates": map_rates(control_family),
         "lr": dyt["lr"],
         "control_lr": control["lr"],
         "seeds": seeds,
@@ -220,16 +221,16 @@ def summarize(runs: list[Run]) -> dict:
             model = min({s["model"] for s in trained}, key=lambda m: _params(mine, m))
             at_smallest = [s for s in trained if s["model"] == model]
             best = min(at_smallest, key=lambda s: s["map_loss"])  # chosen on the map's seed
-            reported = list(report_losses(best).values())  # so the seeds that report it never chose it
+            reported = report_losses(best)  # so the seeds that report it never chose it
             smallest[norm] = {
                 "model": model,
                 "params": _params(mine, model),
                 "best": best,
                 "settings": len(at_smallest),
                 "report": {
-                    "seeds": list(report_losses(best)),
-                    "mean": statistics.fmean(reported),
-                    "ci95": t_interval(reported),
+                    "seeds": list(reported),
+                    "mean": statistics.fmean(reported.values()),
+                    "ci95": t_interval(list(reported.values())),
                 }
                 if reported
                 else None,  # fmt: skip
