@@ -7,7 +7,12 @@ kernels then run in Triton's interpreter on CPU tensors. With a GPU they are com
 
 import os
 
-import torch
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A worker of `pytest -n`: one thread for it and for every process its tests start. Processes whose
+    # threads together outnumber the cores spin while they wait for each other (training/cpu_threads.py).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

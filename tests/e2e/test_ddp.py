@@ -1,4 +1,5 @@
-"""Two-process DDP on CPU (gloo) through torchrun: against one process, and across a SIGKILL."""
+"""Two-process DDP on CPU (gloo) through torchrun: against one process (trained in this process meanwhile), and
+across a SIGKILL."""
 
 import os
 import signal
@@ -8,9 +9,9 @@ import time
 
 import pytest
 import yaml
-from tiny_runs import ROOT, descendants, read_metrics, tiny_overrides
+from tiny_runs import ROOT, compose_config, descendants, read_metrics, tiny_overrides
 
-from training.cpu_threads import available_cores
+import train as train_script
 
 STEPS = 40
 
@@ -60,20 +61,26 @@ def _run(command):
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, overrides):
-    """One uninterrupted two-process run: (its run directory, its output)."""
-    run_dir = tmp_path_factory.mktemp("ddp")
-    return run_dir, _run(_torchrun(overrides, run_dir))
+    """One uninterrupted two-process run, and the same run in one process: (their directories, DDP's output)."""
+    run_dir, one = tmp_path_factory.mktemp("ddp"), tmp_path_factory.mktemp("one")
+    process = subprocess.Popen(
+        _torchrun(overrides, run_dir), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    train_script.train(compose_config(*overrides), one)
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output[-4000:]
+    return run_dir, one, output
 
 
-def test_two_processes_match_one_with_the_same_global_batch(tmp_path, overrides, ddp_run):
-    ddp, output = ddp_run
+def test_two_processes_match_one_with_the_same_global_batch(ddp_run):
+    ddp, one, output = ddp_run
     assert "all 2 processes hold identical weights" in output
     assert "x2, 1024 tokens/step (accum 1)" in output
-    share = max(1, available_cores() // 2)  # two ranks on this machine
-    assert yaml.safe_load((ddp / "config.yaml").read_text())["runtime"]["cpu_threads"] == share
-    _run([sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path}"])
+    # torchrun gives each rank OMP_NUM_THREADS=1 unless the environment sets it, and the run takes that
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    assert yaml.safe_load((ddp / "config.yaml").read_text())["runtime"]["cpu_threads"] == threads
 
-    expected = [r["train/loss"] for r in read_metrics(tmp_path)]
+    expected = [r["train/loss"] for r in read_metrics(one)]
     got = [r["train/loss"] for r in read_metrics(ddp)]
     assert len(got) == STEPS  # only rank 0 wrote metrics
     # Same samples, same math; only the order of the gradient reduction differs. Muon's Newton-Schulz

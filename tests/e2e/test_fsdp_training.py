@@ -1,6 +1,7 @@
 """train.parallel=fsdp on CPU (gloo) through torchrun: against one process, across a SIGKILL, resumed on another
 number of processes, and read by eval.py and the export in one process. Launches that do not depend on each
-other run at once, to keep the wall time down.
+other run at once, and the one-process references train in this process while they do, to keep the wall time
+down.
 """
 
 import os
@@ -9,15 +10,17 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from export_hf import export
 from hydra import compose, initialize_config_dir
-from tiny_runs import CONFIG_DIR, ROOT, descendants, read_metrics, run_tiny
+from tiny_runs import CONFIG_DIR, ROOT, compose_config, descendants, read_metrics, run_tiny
 
 import eval as eval_script
+import train as train_script
 from training.sharded_checkpoint import read_checkpoint
 
 # In-process runs and reads are one process writing or reading every shard, which DCP warns of.
@@ -25,6 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitial
 STEPS = 20
 # The definition of done's commands: 1024 tokens per step, 2 processes x batch 8 x seq 64, or 1 accumulating 2.
 COMMAND = ["model=tiny", "norm=rmsnorm", "train.batch_size=8", "train.global_batch_tokens=1024", "logger=none"]
+PEAK_FLOPS = "train.peak_flops=1e11"  # for MFU, instead of a matmul measured at every process's start
 
 
 def _overrides(cache_dir, steps=STEPS, *extra):
@@ -36,21 +40,25 @@ def _overrides(cache_dir, steps=STEPS, *extra):
         "train.keep_checkpoints=3",
         "train.dist_timeout_s=120",
         f"data.cache_dir={cache_dir}",
+        PEAK_FLOPS,
         *extra,
     ]
 
 
-def _command(run_dir, overrides, processes=2, fsdp=True):
+def _command(run_dir, overrides, processes=2):
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes else []
-    mode = ["train.parallel=fsdp"] if fsdp else []
-    return [sys.executable, *launcher, "train.py", *overrides, *mode, f"hydra.run.dir={run_dir}"]
+    return [sys.executable, *launcher, "train.py", *overrides, "train.parallel=fsdp", f"hydra.run.dir={run_dir}"]
 
 
-def _run_all(*commands) -> list[str]:
-    """Run the commands at once; their outputs, once all succeeded."""
+def _run_all(*commands, here: tuple[Path, list[str]] | None = None) -> list[str]:
+    """Run the commands at once, and ``here``'s run (its directory, its overrides) in this process meanwhile;
+    the commands' outputs, once all succeeded."""
     started = [
         subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands
     ]
+    if here is not None:
+        run_dir, overrides = here
+        train_script.train(compose_config(*overrides), run_dir)
     outputs = [process.communicate(timeout=300)[0] for process in started]
     for process, output in zip(started, outputs):
         assert process.returncode == 0, output[-4000:]
@@ -69,9 +77,7 @@ def _record(run_dir) -> dict:
 def runs(tmp_path_factory, cache_dir):
     """The definition of done's pair: FSDP at 2 ranks, and one plain process; (dirs, FSDP's output)."""
     sharded, whole = tmp_path_factory.mktemp("fsdp2"), tmp_path_factory.mktemp("one")
-    output, _ = _run_all(
-        _command(sharded, _overrides(cache_dir)), _command(whole, _overrides(cache_dir), 0, fsdp=False)
-    )
+    (output,) = _run_all(_command(sharded, _overrides(cache_dir)), here=(whole, _overrides(cache_dir)))
     return sharded, whole, output
 
 
@@ -103,7 +109,7 @@ def test_fsdp_at_two_ranks_matches_one_process(runs):
 )
 def test_other_norms_placements_and_post_step_hooks_match_one_process(tmp_path, cache_dir, extra):
     overrides = _overrides(cache_dir, 6, *extra)
-    _run_all(_command(tmp_path / "fsdp", overrides), _command(tmp_path / "one", overrides, 0, fsdp=False))
+    _run_all(_command(tmp_path / "fsdp", overrides), here=(tmp_path / "one", overrides))
     got, expected = _losses(tmp_path / "fsdp"), _losses(tmp_path / "one")
     assert list(got.values()) == pytest.approx(list(expected.values()), rel=1e-5)
     clipped = [r.get("train/qk_clipped_heads") for r in read_metrics(tmp_path / "fsdp")]

@@ -16,18 +16,18 @@ from training.run_record import RunIdentityError
 STEPS = 40
 
 
+# Larger batches than the other tiny runs so that a step takes long enough to be killed mid-run.
+KILLABLE = (
+    "train.batch_size=32",
+    "train.seq_len=64",
+    "train.checkpoint_every=5",
+    "train.eval_every=10",
+    "train.stats_every=10",
+)
+
+
 def _command(cache_dir, run_dir, *extra):
-    # Larger batches than the other tiny runs so that a step takes long enough to be killed mid-run.
-    overrides = tiny_overrides(
-        cache_dir,
-        STEPS,
-        "train.batch_size=32",
-        "train.seq_len=64",
-        "train.checkpoint_every=5",
-        "train.eval_every=10",
-        "train.stats_every=10",
-        *extra,
-    )
+    overrides = tiny_overrides(cache_dir, STEPS, *KILLABLE, *extra)
     return [sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"]
 
 
@@ -48,7 +48,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, cache_dir):
     test_ddp.py, test_fsdp_training.py and test_ngpt_training.py."""
     extra = ("train.optimizer=muon", "train.qk_clip=0.05")
     uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
-    _run(_command(cache_dir, uninterrupted, *extra))
+    run_tiny(uninterrupted, cache_dir, STEPS, *KILLABLE, *extra)  # in this process, the same run
 
     process = subprocess.Popen(
         _command(cache_dir, interrupted, *extra), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
