@@ -122,7 +122,7 @@ def best_rate(candidates: list[dict]) -> tuple[dict | None, str | None]:
     or None and why: the map's seed ran fewer than MIN_RATES rates, diverged at every one, or did best at an
     edge of them."""
     ran = [s for s in candidates if MAP_SEED in s["seeds"]]
-    rates = sorted({s["lr"] for s in ran})
+    rates = map_rates(ran)
     if len(rates) < MIN_RATES:
         return None, f"{len(rates)} rate(s) run on seed {MAP_SEED}, fewer than the {MIN_RATES} a tuned rate needs"
     finished = [s for s in ran if s["map_loss"] is not None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -39,9 +40,28 @@ def tiny_overrides(cache_dir: str, steps: int = 4, *extra: str) -> list[str]:
     ]
 
 
+def train_here(run_dir: Path, *overrides: str) -> dict:
+    """The run ``overrides`` describe, trained in this process (no process start)."""
+    return train_script.train(compose_config(*overrides), run_dir)
+
+
 def run_tiny(run_dir: Path, cache_dir: str, steps: int = 4, *extra: str) -> dict:
-    cfg = compose_config(*tiny_overrides(cache_dir, steps, *extra))
-    return train_script.train(cfg, run_dir)
+    return train_here(run_dir, *tiny_overrides(cache_dir, steps, *extra))
+
+
+def run_all(*commands: list[str], here: tuple[Path, list[str]] | None = None) -> list[str]:
+    """Run the commands at once, and ``here``'s run (its directory, its overrides) in this process meanwhile;
+    the commands' outputs, once all succeeded."""
+    started = [
+        subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands
+    ]
+    if here is not None:
+        run_dir, overrides = here
+        train_here(run_dir, *overrides)
+    outputs = [process.communicate(timeout=300)[0] for process in started]
+    for process, output in zip(started, outputs):
+        assert process.returncode == 0, output[-4000:]
+    return outputs
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -9,9 +9,7 @@ import time
 
 import pytest
 import yaml
-from tiny_runs import ROOT, compose_config, descendants, read_metrics, tiny_overrides
-
-import train as train_script
+from tiny_runs import ROOT, descendants, read_metrics, run_all, tiny_overrides
 
 STEPS = 40
 
@@ -53,22 +51,11 @@ def _torchrun(overrides, run_dir):
     ]
 
 
-def _run(command):
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return result.stdout + result.stderr
-
-
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory, overrides):
     """One uninterrupted two-process run, and the same run in one process: (their directories, DDP's output)."""
     run_dir, one = tmp_path_factory.mktemp("ddp"), tmp_path_factory.mktemp("one")
-    process = subprocess.Popen(
-        _torchrun(overrides, run_dir), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    train_script.train(compose_config(*overrides), one)
-    output = process.communicate(timeout=300)[0]
-    assert process.returncode == 0, output[-4000:]
+    (output,) = run_all(_torchrun(overrides, run_dir), here=(one, overrides))
     return run_dir, one, output
 
 
@@ -107,7 +94,8 @@ def test_killed_ddp_run_resumes_exactly(tmp_path, overrides, ddp_run):
     time.sleep(1)
     assert len(metrics.read_text().splitlines()) == killed_at < STEPS  # nothing kept training
 
-    assert "resuming from step" in _run(_torchrun(overrides, tmp_path))
+    (output,) = run_all(_torchrun(overrides, tmp_path))
+    assert "resuming from step" in output
     expected = {r["step"]: r["train/loss"] for r in read_metrics(ddp_run[0])}
     got = {r["step"]: r["train/loss"] for r in read_metrics(tmp_path)}
     assert sorted(got) == list(range(1, STEPS + 1))

@@ -10,17 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from export_hf import export
 from hydra import compose, initialize_config_dir
-from tiny_runs import CONFIG_DIR, ROOT, compose_config, descendants, read_metrics, run_tiny
+from tiny_runs import CONFIG_DIR, ROOT, descendants, read_metrics, run_all, run_tiny
 
 import eval as eval_script
-import train as train_script
 from training.sharded_checkpoint import read_checkpoint
 
 # In-process runs and reads are one process writing or reading every shard, which DCP warns of.
@@ -50,21 +48,6 @@ def _command(run_dir, overrides, processes=2):
     return [sys.executable, *launcher, "train.py", *overrides, "train.parallel=fsdp", f"hydra.run.dir={run_dir}"]
 
 
-def _run_all(*commands, here: tuple[Path, list[str]] | None = None) -> list[str]:
-    """Run the commands at once, and ``here``'s run (its directory, its overrides) in this process meanwhile;
-    the commands' outputs, once all succeeded."""
-    started = [
-        subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands
-    ]
-    if here is not None:
-        run_dir, overrides = here
-        train_script.train(compose_config(*overrides), run_dir)
-    outputs = [process.communicate(timeout=300)[0] for process in started]
-    for process, output in zip(started, outputs):
-        assert process.returncode == 0, output[-4000:]
-    return outputs
-
-
 def _losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r}
 
@@ -77,7 +60,7 @@ def _record(run_dir) -> dict:
 def runs(tmp_path_factory, cache_dir):
     """The definition of done's pair: FSDP at 2 ranks, and one plain process; (dirs, FSDP's output)."""
     sharded, whole = tmp_path_factory.mktemp("fsdp2"), tmp_path_factory.mktemp("one")
-    (output,) = _run_all(_command(sharded, _overrides(cache_dir)), here=(whole, _overrides(cache_dir)))
+    (output,) = run_all(_command(sharded, _overrides(cache_dir)), here=(whole, _overrides(cache_dir)))
     return sharded, whole, output
 
 
@@ -109,7 +92,7 @@ def test_fsdp_at_two_ranks_matches_one_process(runs):
 )
 def test_other_norms_placements_and_post_step_hooks_match_one_process(tmp_path, cache_dir, extra):
     overrides = _overrides(cache_dir, 6, *extra)
-    _run_all(_command(tmp_path / "fsdp", overrides), here=(tmp_path / "one", overrides))
+    run_all(_command(tmp_path / "fsdp", overrides), here=(tmp_path / "one", overrides))
     got, expected = _losses(tmp_path / "fsdp"), _losses(tmp_path / "one")
     assert list(got.values()) == pytest.approx(list(expected.values()), rel=1e-5)
     clipped = [r.get("train/qk_clipped_heads") for r in read_metrics(tmp_path / "fsdp")]
@@ -133,7 +116,7 @@ def test_killed_fsdp_run_resumes_exactly(tmp_path, cache_dir, runs):
     process.wait()
     assert len(metrics.read_text().splitlines()) < STEPS
 
-    (output,) = _run_all(_command(tmp_path, _overrides(cache_dir)))
+    (output,) = run_all(_command(tmp_path, _overrides(cache_dir)))
     assert "resuming from step" in output
     got = _losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
@@ -153,7 +136,7 @@ def test_resumes_on_another_number_of_processes_continue_the_same_losses(tmp_pat
     to_one = _resumable_copy(sharded, tmp_path / "2-to-1")  # torchrun --nproc_per_node 1
     to_plain = _resumable_copy(sharded, tmp_path / "2-to-plain")  # python train.py, no torchrun
     to_two = _resumable_copy(whole, tmp_path / "1-to-2")  # one process's .pt, sharded across 2
-    outputs = _run_all(
+    outputs = run_all(
         _command(to_one, _overrides(cache_dir), 1),
         _command(to_plain, _overrides(cache_dir), 0),
         _command(to_two, _overrides(cache_dir)),
