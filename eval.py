@@ -40,7 +40,7 @@ from analysis.probes.layer_importance import skip_deltas
 from model import ModelConfig, Transformer, build_model
 from model.fold import fold_gains
 from model.quantize import QuantizationError, check_schemes, quantized
-from training.checkpoint import CheckpointError, resolve_checkpoint
+from training.checkpoint import CheckpointError
 from training.config import DataConfig, LoggerConfig, Precision, check_values, checked, register_configs
 from training.data import build_validation
 from training.errors import NormlabError
@@ -108,8 +108,7 @@ def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
 
 
 def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> dict:
-    source = resolve_checkpoint(path)
-    state = read_checkpoint(source)  # a sharded (train.parallel=fsdp) one too, read whole in this one process
+    source, state = read_checkpoint(path)  # sharded (train.parallel=fsdp) too, read whole in this one process
     model = load_model(state, source, device)
     folded_model = None
     if cfg.fold_gains:

@@ -95,7 +95,7 @@ def final_alphas(run: Run) -> list[float]:
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
         return []
-    state = read_checkpoint(checkpoints[-1])["model"]  # whole or sharded
+    state = read_checkpoint(checkpoints[-1])[1]["model"]  # whole or sharded
     return [float(value) for key, value in state.items() if key.endswith(".alpha")]
 
 

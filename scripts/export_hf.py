@@ -32,7 +32,7 @@ from training.tokenizer import EOS
 def export(checkpoint: Path, out_dir: Path, fold: bool = False) -> Path:
     from safetensors.torch import save_file
 
-    state = read_checkpoint(checkpoint)  # whole or sharded (train.parallel=fsdp), without a process group
+    _, state = read_checkpoint(checkpoint)  # whole or sharded (train.parallel=fsdp), without a process group
     model = build_model(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
     if fold:

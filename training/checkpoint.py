@@ -133,7 +133,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     file = path / "header.pt" if path.is_dir() else path  # a sharded checkpoint's all but its shards
     try:
         with torch.serialization.safe_globals(_LEGACY_NUMPY_GLOBALS):
-            return torch.load(file, map_location=map_location, weights_only=True)
+            state = torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         # The safe unpickler names the global (a class or function) it would have had to import.
         found = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]
@@ -148,6 +148,11 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         ) from None
     except Exception as err:
         raise CheckpointError(f"could not read checkpoint {path}: {err}") from None
+    if path.is_dir():  # its shards too, before any is read: a damaged one is passed over like a damaged file
+        from training.sharded_checkpoint import read_metadata
+
+        read_metadata(path)
+    return state
 
 
 def load_newest_readable(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[Path, dict] | None:
@@ -163,10 +168,9 @@ def load_newest_readable(run_dir: Path, map_location: str | torch.device = "cpu"
             state = load_checkpoint(path, map_location)
         except CheckpointError as err:
             failures.append(str(err))
-            log.warning("%s; trying the previous checkpoint", err)
             continue
         if failures:
-            log.warning("resuming from %s, the newest checkpoint that reads", path)
+            log.warning("%s: using %s, the newest checkpoint that reads", "; ".join(failures), path)
         return path, state
     if failures:
         raise CheckpointError(
@@ -175,6 +179,26 @@ def load_newest_readable(run_dir: Path, map_location: str | torch.device = "cpu"
             + "\nMove them away to start this run over from step 0, or resume from a copy that reads."
         )
     return None
+
+
+def check_reachable(run_dir: Path, logged_step: int, first_checkpoint: int, last_step: int) -> None:
+    """Refuse to go on with a run whose checkpoints cannot be reached, before anything is written: a run that
+    logged past its first checkpoint (or its last step) had one, and starting it over from step 0 would cut its
+    metrics. A ``checkpoints`` that is a file or a link to nothing is refused whatever was logged."""
+    location = checkpoint_dir(run_dir)
+    if location.is_symlink() and not location.exists():
+        problem = f"is a link to {location.readlink()}, which does not exist"
+    elif location.exists() and not location.is_dir():
+        problem = "is a file, not a folder"
+    elif (logged_step > first_checkpoint or logged_step >= last_step) and not list_checkpoints(run_dir):
+        problem = "holds no checkpoint" if location.is_dir() else "is missing"
+    else:
+        return
+    raise CheckpointError(
+        f"{location} {problem}, but {run_dir} logged step {logged_step} (its first checkpoint was due at step "
+        f"{first_checkpoint}): a run never starts over by itself. Restore its checkpoints, or to start over, "
+        f"move {run_dir} away or train under another run_name=... Nothing in {run_dir} was changed."
+    )
 
 
 def check_same_model(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:

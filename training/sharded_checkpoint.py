@@ -26,13 +26,15 @@ import os
 import pickle
 import shutil
 import warnings
-from pathlib import Path
+from pathlib import Path, PosixPath, PurePosixPath
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, metadata
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
@@ -44,30 +46,48 @@ from training.checkpoint import (
     UnsafeCheckpointError,
     checkpoint_dir,
     load_checkpoint,
+    load_newest_readable,
     prune_checkpoints,
     resolve_checkpoint,
 )
 from training.distributed import Distributed
 
 HEADER = "header.pt"  # training/checkpoint.py reads it as a .dcp checkpoint's state
+METADATA = ".metadata"
 # One process reading or writing every shard (no torchrun, or a whole model) is what we mean when DCP says this.
 warnings.filterwarnings("ignore", message="torch.distributed is .*uninitialized, assuming the intent is to")
-# What DCP's metadata is made of (module -> names); torch dtypes are admitted by type.
-_METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": None,  # any of its classes: plain dataclasses and an enum
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch": {"Size"},
-    "torch.serialization": {"_get_layout"},  # a layout by its name, e.g. torch.strided
-    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},  # where it was written
+# Every class DCP's metadata is made of, as the exact (module, name) pairs a pickle names them by. Never a module's
+# whole namespace: a module that imports os would hand a crafted pickle os.system through it.
+_METADATA_CLASSES = {
+    **{
+        ("torch.distributed.checkpoint.metadata", cls.__name__): cls
+        for cls in (
+            metadata.Metadata,
+            metadata.MetadataIndex,
+            metadata.StorageMeta,
+            metadata.TensorProperties,
+            metadata.TensorStorageMetadata,
+            metadata.ChunkStorageMetadata,
+            metadata.BytesStorageMetadata,  # read, then refused: normlab's checkpoints hold tensors only
+            metadata._MEM_FORMAT_ENCODING,
+        )
+    },
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # a layout by its name: torch.strided
+    **{("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)},
+    **{(module, cls.__name__): cls for module in ("pathlib", "pathlib._local") for cls in (PosixPath, PurePosixPath)},
 }
 
 
 class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, file, path: Path) -> None:
+        super().__init__(file)
+        self.path = path
+
     def find_class(self, module: str, name: str) -> Any:
-        allowed = _METADATA_GLOBALS.get(module, set())
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if module in _METADATA_GLOBALS and (allowed is None or name in allowed) or dtype:
-            return super().find_class(module, name)
+        if (module, name) in _METADATA_CLASSES:
+            return _METADATA_CLASSES[module, name]
         raise UnsafeCheckpointError(
             f"refused to read {self.path}: it names {module}.{name}, which torch.distributed.checkpoint's metadata "
             "never holds, and unpickling it could run code; only read it with torch.distributed.checkpoint "
@@ -75,42 +95,81 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
 
 
+def read_metadata(path: Path) -> Metadata:
+    """The metadata of the sharded checkpoint ``path``, read as data only, and checked against the files beside it:
+    tensors only, each in a shard file of this checkpoint that is long enough to hold it. A checkpoint that fails
+    is refused here, before any tensor is read, so a run falls back to the previous checkpoint."""
+    file = Path(path) / METADATA
+    try:
+        with open(file, "rb") as f:
+            metadata = _MetadataUnpickler(f, file).load()
+        entries, storage = metadata.state_dict_metadata, metadata.storage_data
+    except CheckpointError:
+        raise
+    except Exception as err:
+        raise CheckpointError(f"could not read checkpoint {path}: {file.name} is damaged ({err})") from None
+    others = sorted(k for k, v in entries.items() if not isinstance(v, TensorStorageMetadata))
+    if others:
+        raise UnsafeCheckpointError(
+            f"refused to read {path}: it holds non-tensor entries ({', '.join(others[:3])}), which "
+            "torch.distributed.checkpoint would unpickle; normlab's sharded checkpoints hold tensors only"
+        )
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        name = info.relative_path
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise UnsafeCheckpointError(f"refused to read {path}: its metadata points outside it ({name!r})")
+        needed[name] = max(needed.get(name, 0), info.offset + info.length)
+    for name, end in sorted(needed.items()):
+        shard = Path(path) / name
+        size = shard.stat().st_size if shard.is_file() else None
+        if size is None or size < end:
+            problem = "is missing" if size is None else f"is truncated ({size:,} of at least {end:,} bytes)"
+            raise CheckpointError(f"could not read checkpoint {path}: its shard {name} {problem}")
+    return metadata
+
+
 class SafeReader(FileSystemReader):
-    """DCP's file reader, its metadata read as data only, and only checkpoints of tensors accepted."""
+    """DCP's file reader, its metadata read by ``read_metadata``: as data, tensors only, every shard present."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self.path) / ".metadata"
-        try:
-            with open(path, "rb") as f:
-                unpickler = _MetadataUnpickler(f)
-                unpickler.path = path
-                metadata = unpickler.load()
-        except CheckpointError:
-            raise
-        except Exception as err:
-            raise CheckpointError(f"could not read checkpoint {self.path}: {path.name} is damaged ({err})") from None
-        others = sorted(k for k, v in metadata.state_dict_metadata.items() if not isinstance(v, TensorStorageMetadata))
-        if others:
-            raise UnsafeCheckpointError(
-                f"refused to read {self.path}: it holds non-tensor entries ({', '.join(others[:3])}), which "
-                "torch.distributed.checkpoint would unpickle; normlab's sharded checkpoints hold tensors only"
-            )
+        metadata = read_metadata(Path(self.path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Any checkpoint, whole or sharded (a file, a .dcp directory or a run directory's newest), with the whole
-    model's weights under ``model``, read in this one process without a process group: what eval.py and
-    scripts/export_hf.py need. The optimizer's state is not read."""
-    path = resolve_checkpoint(path)
-    state = load_checkpoint(path)
-    if path.suffix == ".dcp":
-        SafeReader(path).read_metadata()  # refuses what is not tensors, in a message of its own
-        state["model"] = _load_state_dict_from_keys({"model"}, storage_reader=SafeReader(path))["model"]
-    return state
+def _dcp_load(path: Path, load, what: str = ""):
+    """Run a DCP read, its failures one CheckpointError: torch's CheckpointException is a BaseException, which
+    ``except Exception`` misses, and it carries every rank's traceback."""
+    try:
+        return load()
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as err:
+        causes = [cause for cause, _ in err.failures.values()] if isinstance(err, CheckpointException) else [err]
+        reason = "; ".join(sorted({f"{type(c).__name__}: {str(c).strip().splitlines()[0][:200]}" for c in causes}))
+        raise CheckpointError(f"could not read checkpoint {path}{' ' + what if what else ''} ({reason})") from None
+
+
+def read_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
+    """Any checkpoint, whole or sharded (a file, a .dcp directory, or a run directory's newest that reads, past
+    damaged ones with a warning), with the whole model's weights under ``model``, read in this one process
+    without a process group: what eval.py and scripts/export_hf.py need. Returns the checkpoint read and its
+    state; the optimizer's state is not read."""
+    path = Path(path)
+    source = resolve_checkpoint(path)  # names what is missing when there is nothing to read
+    if source == path:
+        state = load_checkpoint(source)
+    else:
+        source, state = load_newest_readable(path)
+    if source.suffix == ".dcp":
+        reader = SafeReader(source)
+        state["model"] = _dcp_load(source, lambda: _load_state_dict_from_keys({"model"}, storage_reader=reader))[
+            "model"
+        ]
+    return source, state
 
 
 def save_sharded(
@@ -157,13 +216,8 @@ def load_sharded(path: Path, header: dict[str, Any], model: nn.Module, optimizer
     # to be read into (AdamW's weight decay is lr * decay: nothing moves); the checkpoint then replaces them.
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state["state"]}
-    SafeReader(path).read_metadata()  # refuses what is not tensors, in a message of its own
-    try:
-        dcp.load(state, storage_reader=SafeReader(path), no_dist=not is_sharded(model))
-    except CheckpointError:
-        raise
-    except Exception as err:
-        raise CheckpointError(f"could not read checkpoint {path} into this model: {err}") from None
+    reader = SafeReader(path)
+    _dcp_load(path, lambda: dcp.load(state, storage_reader=reader, no_dist=not is_sharded(model)), "into this model")
     groups = header["optimizer_param_groups"]
     set_state_dict(
         model,

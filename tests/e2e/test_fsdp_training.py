@@ -172,7 +172,7 @@ def test_eval_and_export_read_a_two_rank_checkpoint_in_one_process(tmp_path, run
     (result,) = eval_script.run_eval(cfg, tmp_path / "eval").values()
     assert result["checkpoint"].endswith("step_0000020.dcp")
     assert result["val/loss"] == pytest.approx(read_metrics(sharded)[-1]["val/loss"], rel=1e-6)  # the same windows
-    weights, whole_weights = read_checkpoint(sharded)["model"], read_checkpoint(whole)["model"]
+    weights, whole_weights = read_checkpoint(sharded)[1]["model"], read_checkpoint(whole)[1]["model"]
     assert weights.keys() == whole_weights.keys()
     assert all(torch.allclose(weights[k], whole_weights[k], rtol=1e-4, atol=1e-6) for k in weights)
     assert (export(sharded, tmp_path / "hf") / "model.safetensors").is_file()

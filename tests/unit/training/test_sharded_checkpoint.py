@@ -51,7 +51,7 @@ def test_one_process_writes_keeps_the_newest_and_reads_back_exactly(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000002.dcp", "step_0000003.dcp"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000002.dcp", "step_0000003.dcp"]
 
-    whole = read_checkpoint(tmp_path)  # the newest, whole, as eval.py and the export read it
+    _, whole = read_checkpoint(tmp_path)  # the newest, whole, as eval.py and the export read it
     assert whole["step"] == 3 and whole["model_config"] == model.cfg.to_dict()
     assert whole["model"].keys() == model.state_dict().keys()
     assert all(torch.equal(whole["model"][k], v) for k, v in model.state_dict().items())
