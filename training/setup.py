@@ -22,6 +22,7 @@ from norms.cpu.denormals import flush_denormals
 from training.batches import split_global_batch
 from training.checkpoint import (
     CheckpointError,
+    check_reachable,
     check_same_model,
     load_newest_readable,
     remove_partial_checkpoints,
@@ -250,11 +251,15 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     settings = resolve_settings(cfg, dist, device)
     configure_device(device)
     resume_entry = check_run_identity(cfg, run_dir, settings)
-    if resume_entry is not None and not cfg.resume_with_changes:
-        diverged_at = diverged_step(read_metrics(run_dir / "metrics.jsonl", damaged="skip").rows)
-        if diverged_at is not None:
+    if resume_entry is not None:
+        rows = read_metrics(run_dir / "metrics.jsonl", damaged="skip").rows
+        diverged_at = diverged_step(rows)
+        if diverged_at is not None and not cfg.resume_with_changes:
             log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
             return None
+        logged = max((row["step"] for row in rows), default=0)
+        tcfg = cfg.train
+        check_reachable(run_dir, logged, min(tcfg.checkpoint_every, tcfg.max_steps), tcfg.max_steps)
     data = load_data(cfg, settings, dist)
     if resume_entry is not None:
         check_same_data(resume_entry, data.fingerprint, run_dir)

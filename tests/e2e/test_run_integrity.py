@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,6 +148,67 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     record = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert record["resumes"][-1]["step"] == 2
     assert {r["step"]: r["train/loss"] for r in read_metrics(tmp_path)} == expected
+
+
+def _unreachable(checkpoints, how):
+    shutil.rmtree(checkpoints)
+    if how == "a dangling link":
+        checkpoints.symlink_to(checkpoints.parent / "moved")
+    elif how == "a file":
+        checkpoints.write_text("")
+    elif how == "an empty folder":
+        checkpoints.mkdir()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, cache_dir):
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_tiny(run_dir, cache_dir, 4)
+    return run_dir
+
+
+@pytest.mark.parametrize("how", ["a dangling link", "a file", "an empty folder", "deleted"])
+def test_a_run_whose_checkpoints_are_unreachable_is_refused_not_started_over(tmp_path, cache_dir, finished, how):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    _unreachable(run_dir / "checkpoints", how)
+    before = _fingerprint(run_dir)
+    with pytest.raises(CheckpointError, match=r"checkpoints .*logged step 4 .*never starts over by itself") as refused:
+        run_tiny(run_dir, cache_dir, 4)
+    assert "\n" not in str(refused.value) and "run_name=" in str(refused.value)
+    assert _fingerprint(run_dir) == before  # metrics.jsonl and config.yaml as they were
+
+
+@pytest.mark.parametrize("damage", ["a shard deleted", "a shard truncated", "the metadata truncated"])
+@pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")
+def test_a_damaged_sharded_checkpoint_falls_back_to_the_previous_one_with_one_warning(
+    tmp_path, cache_dir, damage, caplog
+):
+    sharded = ("train.parallel=fsdp",)  # one process writes every shard: the same files as under torchrun
+    reference = tmp_path / "reference"
+    run_tiny(reference, cache_dir, 4, *sharded)
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    newest = run_dir / "checkpoints" / "step_0000004.dcp"
+    (shard,) = newest.glob("*.distcp")
+    if damage == "a shard deleted":
+        shard.unlink()
+    else:
+        _damage(shard if damage == "a shard truncated" else newest / ".metadata")
+    caplog.clear()
+    run_tiny(run_dir, cache_dir, 4, *sharded)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.getMessage()]
+    assert len(warnings) == 1 and str(newest) in warnings[0] and "step_0000002.dcp" in warnings[0]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["resumes"][-1]["step"] == 2
+    losses = [{r["step"]: r["train/loss"] for r in read_metrics(run)} for run in (reference, run_dir)]
+    assert losses[0] == losses[1]
+    # eval.py and the export read a run directory the same way: the newest checkpoint that reads.
+    _damage(run_dir / "checkpoints" / "step_0000004.dcp" / ".metadata")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("eval", overrides=[f"checkpoint={run_dir}", "max_new_tokens=2", "num_samples=1", "logger=none"])
+    (result,) = eval_script.run_eval(cfg, tmp_path / "eval").values()
+    assert result["checkpoint"].endswith("step_0000002.dcp")
+    assert export_hf.main([str(run_dir), str(tmp_path / "hf")]) == 0
 
 
 def test_no_readable_checkpoint_stops_naming_every_file(tmp_path, cache_dir):
