@@ -26,10 +26,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from training.checkpoint import list_checkpoints
 from training.config import Config, check_values, register_configs
 from training.distributed import init_distributed
 from training.errors import NormlabError
 from training.evaluation import evaluate
+from training.metrics_file import read_metrics
 from training.nonfinite import StepAction
 from training.optim import lr_at
 from training.probes import run_probes
@@ -196,11 +198,29 @@ def main(cfg: DictConfig) -> None:
     fresh = not any(run_dir.iterdir())  # Hydra has just made it: a new run's directory is empty
     try:
         train(cfg, run_dir)
-    except NormlabError as err:
-        log.error("%s", err)
+    except (NormlabError, OSError, KeyboardInterrupt) as err:
+        log.error("%s", stopped_because(err, run_dir))
         if fresh:
             discard_unused(run_dir)
-        sys.exit(1)
+        sys.exit(130 if isinstance(err, KeyboardInterrupt) else 1)
+
+
+def stopped_because(err: BaseException, run_dir: Path) -> str:
+    """One line for what stopped the run: our refusals say it themselves; a filesystem error and Ctrl-C are
+    named with the file or the step, and with how to go on (a rerun resumes from the newest checkpoint)."""
+    if isinstance(err, NormlabError):
+        return str(err)
+    if isinstance(err, OSError):
+        where = f": {err.filename}" if err.filename else ""
+        return (
+            f"{err.strerror or err}{where}. Check that the path is a folder where one belongs, writable, with names "
+            "under 255 bytes and space left; then rerun the same command, which resumes from the newest checkpoint"
+        )
+    logged = read_metrics(run_dir / "metrics.jsonl", damaged="skip").rows if run_dir.is_dir() else []
+    saved = list_checkpoints(run_dir)
+    last = logged[-1]["step"] if logged else 0
+    resume = f"rerun the same command to resume from {saved[-1].name}" if saved else "it had saved no checkpoint yet"
+    return f"interrupted (Ctrl-C) after step {last} in {run_dir}; {resume}"
 
 
 if __name__ == "__main__":

@@ -135,6 +135,27 @@ def test_a_second_writer_is_refused_at_once_and_a_killed_writer_blocks_nothing(t
     lock.release()
 
 
+def test_ctrl_c_stops_in_one_line_naming_the_step_and_the_checkpoint_to_resume_from(tmp_path, cache_dir):
+    long_run = ("train.batch_size=32", "train.seq_len=64", "train.eval_every=1000", "train.checkpoint_every=5")
+    run = _cli(cache_dir, tmp_path, 2000, *long_run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    output = "".join(run.communicate(timeout=60))
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert run.returncode == 130 and "Traceback" not in output and len(errors) == 1, output[-2000:]
+    saved = list_checkpoints(tmp_path)[-1].name
+    assert "interrupted (Ctrl-C) after step " in errors[0] and f"resume from {saved}" in errors[0]
+
+
+def test_a_filesystem_error_is_one_line_naming_the_file():
+    from train import stopped_because
+
+    message = stopped_because(PermissionError(13, "Permission denied", "/runs/x/.lock"), ROOT)
+    assert message.startswith("Permission denied: /runs/x/.lock. ") and "rerun the same command" in message
+
+
 def _damage(path):
     path.write_bytes(path.read_bytes()[:100])
 
