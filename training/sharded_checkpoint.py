@@ -140,17 +140,17 @@ class SafeReader(FileSystemReader):
         return metadata
 
 
-def _dcp_load(path: Path, load, what: str = ""):
-    """Run a DCP read, its failures one CheckpointError: torch's CheckpointException is a BaseException, which
-    ``except Exception`` misses, and it carries every rank's traceback."""
+def _dcp(doing: str, call):
+    """Run a DCP read or write, its failures one CheckpointError saying what it was ``doing``: torch's
+    CheckpointException is a BaseException, which ``except Exception`` misses, and carries every rank's traceback."""
     try:
-        return load()
+        return call()
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as err:
         causes = [cause for cause, _ in err.failures.values()] if isinstance(err, CheckpointException) else [err]
         reason = "; ".join(sorted({f"{type(c).__name__}: {str(c).strip().splitlines()[0][:200]}" for c in causes}))
-        raise CheckpointError(f"could not read checkpoint {path}{' ' + what if what else ''} ({reason})") from None
+        raise CheckpointError(f"could not {doing} ({reason})") from None
 
 
 def read_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
@@ -166,9 +166,9 @@ def read_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
         source, state = load_newest_readable(path)
     if source.suffix == ".dcp":
         reader = SafeReader(source)
-        state["model"] = _dcp_load(source, lambda: _load_state_dict_from_keys({"model"}, storage_reader=reader))[
-            "model"
-        ]
+        state["model"] = _dcp(
+            f"read checkpoint {source}", lambda: _load_state_dict_from_keys({"model"}, storage_reader=reader)
+        )["model"]
     return source, state
 
 
@@ -185,7 +185,8 @@ def save_sharded(
         header = {**header, "optimizer_param_groups": optimizer_state["param_groups"], "world_size": dist.world_size}
         atomic_write(tmp / HEADER, lambda file: torch.save(header, file))
     dist.barrier()
-    dcp.save({"model": model_state, "optimizer": optimizer_state["state"]}, storage_writer=FileSystemWriter(tmp))
+    shards = {"model": model_state, "optimizer": optimizer_state["state"]}
+    _dcp(f"write checkpoint {path}", lambda: dcp.save(shards, storage_writer=FileSystemWriter(tmp)))
     if dist.is_main:  # dcp.save returns once rank 0 has written .metadata, after every process wrote its shards
         shutil.rmtree(path, ignore_errors=True)  # an unreadable one of the same step, which the resume passed over
         os.replace(tmp, path)
@@ -217,7 +218,10 @@ def load_sharded(path: Path, header: dict[str, Any], model: nn.Module, optimizer
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state["state"]}
     reader = SafeReader(path)
-    _dcp_load(path, lambda: dcp.load(state, storage_reader=reader, no_dist=not is_sharded(model)), "into this model")
+    _dcp(
+        f"read checkpoint {path} into this model",
+        lambda: dcp.load(state, storage_reader=reader, no_dist=not is_sharded(model)),
+    )
     groups = header["optimizer_param_groups"]
     set_state_dict(
         model,

@@ -105,3 +105,16 @@ def test_a_directory_without_its_header_is_not_read(tmp_path):
     (tmp_path / "checkpoints" / "step_0000001.dcp").mkdir(parents=True)
     with pytest.raises(CheckpointError, match="could not read checkpoint"):
         read_checkpoint(tmp_path)
+
+
+def test_a_shard_damaged_inside_is_one_line_not_torchs_traceback_of_every_rank(tmp_path):
+    """Its length is intact, so only reading it finds the damage: DCP raises a CheckpointException, a
+    BaseException, which becomes one CheckpointError naming the checkpoint."""
+    model, optimizer = _model_and_optimizer()
+    _step(model, optimizer)
+    path = _save(tmp_path, model, optimizer, 1)
+    (shard,) = path.glob("*.distcp")
+    shard.write_bytes(bytes(shard.stat().st_size))  # zeros where the tensors were
+    with pytest.raises(CheckpointError) as refused:
+        read_checkpoint(path)
+    assert str(refused.value).startswith(f"could not read checkpoint {path} (") and "\n" not in str(refused.value)
