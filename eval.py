@@ -13,7 +13,10 @@ model ("delta/val/loss").
 
 Each run directory carries its config and tokenizer, so nothing else has to be found by hand.
 Results print as a table and are written as eval.json next to each checkpoint (keyed by
-checkpoint) and, for all of them together, in the eval's own output directory.
+checkpoint) and, for all of them together, in the eval's own output directory. eval.py writes
+nowhere else and never through a link; an eval.json it cannot write (a link, not JSON, a read-only
+folder) is left as it is and named in one ERROR line, the results kept in the output directory,
+and the command exits 1 so that scripts notice.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import dataclasses
 import glob
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +44,8 @@ from analysis.probes.layer_importance import skip_deltas
 from model import ModelConfig, Transformer, build_model
 from model.fold import fold_gains
 from model.quantize import QuantizationError, check_schemes, quantized
-from training.checkpoint import CheckpointError
+from training.atomic import atomic_write_text
+from training.checkpoint import CHECKPOINT_DIR, CheckpointError
 from training.config import DataConfig, LoggerConfig, Precision, check_values, checked, register_configs
 from training.data import build_validation
 from training.errors import NormlabError
@@ -196,9 +201,44 @@ def merged(old: dict | None, new: dict) -> dict:
     return {**new, **kept, **({"quant": quant} if quant else {})}
 
 
-def _write_json(path: Path, results: dict[str, dict]) -> None:
-    existing = json.loads(path.read_text()) if path.exists() else {}
-    path.write_text(json.dumps({**existing, **{k: merged(existing.get(k), r) for k, r in results.items()}}, indent=2))
+class EvalWriteError(NormlabError):
+    """An eval.json that eval.py would not merge into or could not write; the message says why."""
+
+
+def eval_json_beside(checkpoint: Path) -> Path:
+    """Where a checkpoint's eval.json goes: its run directory for one in ``<run>/checkpoints/`` (where readers
+    look), else the folder that holds it (a .dcp directory is a checkpoint: beside it, not inside)."""
+    folder = checkpoint.parent
+    return (folder.parent if folder.name == CHECKPOINT_DIR else folder) / "eval.json"
+
+
+def _existing(path: Path) -> dict[str, dict]:
+    """The evaluations already in ``path``; a file eval.py would not merge into raises, saying why."""
+    if path.is_symlink():
+        raise EvalWriteError(f"is a link to {os.readlink(path)}; eval.py never writes through a link: remove it")
+    if not path.exists():
+        return {}
+    try:
+        existing = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise EvalWriteError(f"is not JSON ({err}); move it away or repair it") from None
+    if not isinstance(existing, dict) or not all(isinstance(entry, dict) for entry in existing.values()):
+        raise EvalWriteError("holds no evaluations (a JSON object of objects); move it away")
+    return existing
+
+
+def _save(path: Path, results: dict[str, dict]) -> str | None:
+    """Merge ``results`` into ``path`` in one rename (never through a link, never half a file); what stopped
+    it, in words, or None when written."""
+    try:
+        existing = _existing(path)
+        merged_results = {**existing, **{k: merged(existing.get(k), r) for k, r in results.items()}}
+        atomic_write_text(path, json.dumps(merged_results, indent=2))
+    except EvalWriteError as err:
+        return f"{path} {err}"
+    except OSError as err:
+        return f"{path} could not be written ({err.strerror or err})"
+    return None
 
 
 def _print_table(results: dict[str, dict]) -> None:
@@ -253,16 +293,18 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
     check_schemes(cfg.quant)  # before any checkpoint is read
     paths = checkpoint_paths(cfg.checkpoint)
     device = resolve_device(cfg.device)
-    results = {}
+    results, not_written = {}, []
     for path in paths:
         result = evaluate_checkpoint(cfg, path, device)
         results[entry_key(result)] = result
-        # Next to the checkpoint: its run directory (a checkpoint's folder's parent).
-        _write_json(Path(result["checkpoint"]).parent.parent / "eval.json", {entry_key(result): result})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    record_command(cfg, out_dir)
-    _write_json(out_dir / "eval.json", results)
-    _print_table(results)
+        not_written.append(_save(eval_json_beside(Path(result["checkpoint"])), {entry_key(result): result}))
+    _print_table(results)  # before the output directory: results that cannot be saved are at least seen
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        record_command(cfg, out_dir)
+        unsaved = _save(out_dir / "eval.json", results)
+    except (OSError, NormlabError) as err:
+        unsaved = f"{out_dir} could not be written ({err})"
     if cfg.logger.name == "wandb":
         logger = WandbLogger(
             cfg.logger, out_dir, "eval", "eval", OmegaConf.to_container(cfg, enum_to_str=True), job_type="eval"
@@ -270,6 +312,10 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
         for result in results.values():
             logger.log({k: v for k, v in result.items() if isinstance(v, (int, float))})
         logger.close()
+    problems = [problem for problem in (*not_written, unsaved) if problem]
+    if problems:
+        kept = "printed above only" if unsaved else f"saved in {out_dir / 'eval.json'}"
+        raise EvalWriteError(f"not written: {'; '.join(problems)}. The results are {kept}")
     return results
 
 

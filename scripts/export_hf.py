@@ -24,7 +24,7 @@ from pathlib import Path
 from model import ModelConfig, build_model
 from model.fold import fold_gains
 from model.hf import hf_config, hf_state_dict
-from training.checkpoint import CheckpointError
+from training.errors import NormlabError
 from training.sharded_checkpoint import read_checkpoint
 from training.tokenizer import EOS
 
@@ -32,6 +32,8 @@ from training.tokenizer import EOS
 def export(checkpoint: Path, out_dir: Path, fold: bool = False) -> Path:
     from safetensors.torch import save_file
 
+    if out_dir.exists() and not out_dir.is_dir():  # before the checkpoint is read: nothing to do if it cannot land
+        raise NormlabError(f"{out_dir} is a file, not a folder: give a new or existing folder to export into")
     _, state = read_checkpoint(checkpoint)  # whole or sharded (train.parallel=fsdp), without a process group
     model = build_model(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out_dir, fold=args.fold_gains)
-    except (CheckpointError, ValueError) as err:
+    except (NormlabError, ValueError) as err:
         print(f"export_hf: {err}", file=sys.stderr)
         return 1
     print(f"wrote {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")

@@ -17,6 +17,9 @@ def _expand(patterns: list[str], key: str) -> list[str]:
         matches = sorted(glob.glob(os.path.expanduser(pattern)))
         if not matches:
             raise DataError(f"{key}: no file matches {pattern!r} (working directory: {os.getcwd()})")
+        folder = next((m for m in matches if os.path.isdir(m)), None)
+        if folder is not None:
+            raise DataError(f"{key}: {folder} is a folder, not a file; name its files, e.g. {key}=['{folder}/*.txt']")
         paths.extend(matches)
     return paths
 

@@ -153,6 +153,24 @@ def _dcp(doing: str, call):
         raise CheckpointError(f"could not {doing} ({reason})") from None
 
 
+# What every checkpoint train.py writes holds and its readers need; a .pt holds the model's weights too.
+NORMLAB_KEYS = ("step", "model_config", "config", "tokenizer")
+
+
+def check_normlab_state(state: Any, source: Path) -> None:
+    """Refuse in one line a checkpoint that is not ours (torch's dcp_to_torch_save writes the tensors alone),
+    which would otherwise fail later on a missing key."""
+    needed = (*NORMLAB_KEYS, *(() if source.suffix == ".dcp" else ("model",)))
+    missing = [key for key in needed if not isinstance(state, dict) or key not in state]
+    if missing:
+        holds = ", ".join(sorted(map(str, state))[:6]) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(
+            f"{source} is not a normlab checkpoint: it lacks {', '.join(missing)} (it holds {holds}); torch's "
+            "dcp_to_torch_save, for one, keeps the tensors alone. Give the run directory, or a .pt file or .dcp "
+            "directory that train.py wrote"
+        )
+
+
 def read_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
     """Any checkpoint, whole or sharded (a file, a .dcp directory, or a run directory's newest that reads, past
     damaged ones with a warning), with the whole model's weights under ``model``, read in this one process
@@ -164,6 +182,7 @@ def read_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
         state = load_checkpoint(source)
     else:
         source, state = load_newest_readable(path)
+    check_normlab_state(state, source)
     if source.suffix == ".dcp":
         reader = SafeReader(source)
         state["model"] = _dcp(

@@ -1,23 +1,36 @@
 """Nothing lost, nothing misstated: bad values, foreign folders, lost records, edited corpora, other-data
-evaluations and readers given nothing, each refused with one line that names the key, leaving files as they were."""
+evaluations and readers given nothing, each refused with one line that names the key, leaving files as they were;
+and nothing written where it does not belong: not through a link, not above a loose checkpoint."""
 
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import compare_runs
+import export_hf
 import pytest
+import torch
 import yaml
 from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrides
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import eval as eval_script
 from analysis.runs import latest_eval, load_run
+from training.checkpoint import CheckpointError
 from training.config import Config, ConfigError, check_values
 from training.corpus import DataError
 from training.corpus_files import check_text
+from training.run_lock import discard_unused
 from training.run_record import RunIdentityError
+from training.sharded_checkpoint import read_checkpoint
+
+# One process reading every shard is what these tests mean (training/sharded_checkpoint.py says so too).
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")
 
 
 def _hashes(folder):
@@ -183,3 +196,162 @@ def test_a_text_file_that_is_not_text_is_refused_naming_it_and_why(tmp_path):
         check_text(str(binary), "data.train_files")
     with pytest.raises(DataError, match=f"{latin} is not UTF-8 text \\(byte 3 cannot be decoded\\)"):
         check_text(str(latin), "data.train_files")
+
+
+QUICK = ["max_new_tokens=2", "num_samples=1"]  # an evaluation's samples cost most of its time
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory, cache_dir):
+    """One tiny run with sharded checkpoints (.dcp at steps 2 and 4); read-only: tests change copies of it."""
+    run = tmp_path_factory.mktemp("sharded") / "run"
+    run_tiny(run, cache_dir, 4, "train.parallel=fsdp")
+    return run
+
+
+# (what checkpoint= names, in a folder of copies; the checkpoint it reads; the eval.json its entry lands in)
+EVAL_JSON_BESIDE = [
+    ("run", "run/checkpoints/step_0000004.dcp", "run/eval.json"),  # a run's newest: its run directory
+    ("run/checkpoints/step_0000002.dcp", "run/checkpoints/step_0000002.dcp", "run/eval.json"),
+    ("loose/step_0000004.dcp", "loose/step_0000004.dcp", "loose/eval.json"),  # beside a loose one, not inside it
+    ("loose/model.pt", "loose/model.pt", "loose/eval.json"),  # and not in the folder above it
+]
+
+
+def test_eval_writes_each_eval_json_beside_its_checkpoint_and_nowhere_else(sharded_run, tmp_path):
+    shutil.copytree(sharded_run, tmp_path / "run")
+    shutil.copytree(sharded_run / "checkpoints" / "step_0000004.dcp", tmp_path / "loose" / "step_0000004.dcp")
+    torch.save(read_checkpoint(sharded_run)[1], tmp_path / "loose" / "model.pt")  # whole, as eval.py reads it
+    given = ",".join(str(tmp_path / name) for name, _, _ in EVAL_JSON_BESIDE)
+    eval_script.run_eval(compose_eval(f"checkpoint=[{given}]", *QUICK), tmp_path / "out")
+    expected: dict[str, set[str]] = {}
+    for _, read, beside in EVAL_JSON_BESIDE:
+        expected.setdefault(beside, set()).add(str(tmp_path / read))
+    for beside, checkpoints in expected.items():
+        assert {e["checkpoint"] for e in json.loads((tmp_path / beside).read_text()).values()} == checkpoints
+    assert sorted(tmp_path.rglob("eval.json")) == sorted(tmp_path / p for p in [*expected, "out/eval.json"])
+
+
+def _read_only(path):
+    path.parent.chmod(0o555)
+
+
+# (how <run>/eval.json is made hostile, what the one line says of it)
+UNWRITABLE_EVAL_JSON = [
+    pytest.param(lambda p: p.symlink_to(p.parent.parent / "outside.json"), "is a link to", id="a link out of the run"),
+    pytest.param(lambda p: p.write_text('{"cut off'), "is not JSON (Unterminated string", id="not JSON"),
+    pytest.param(lambda p: p.write_text("[1, 2]"), "holds no evaluations", id="JSON of another shape"),
+    pytest.param(lambda p: p.mkdir(), "could not be written (Is a directory)", id="a folder"),
+    pytest.param(
+        _read_only,
+        "could not be written (Permission denied)",
+        id="a read-only run",
+        marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders"),
+    ),
+]
+
+
+@pytest.mark.parametrize("make, problem", UNWRITABLE_EVAL_JSON)
+def test_an_eval_json_not_written_is_named_and_left_as_it_was_and_the_results_are_kept(
+    sharded_run, tmp_path, capsys, make, problem
+):
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run)
+    (tmp_path / "outside.json").write_text("{}")
+    make(run / "eval.json")
+    before = _hashes(tmp_path)
+    try:
+        with pytest.raises(eval_script.EvalWriteError) as refused:
+            eval_script.run_eval(compose_eval(f"checkpoint={run}", *QUICK), tmp_path / "out")
+    finally:
+        run.chmod(0o755)
+    message, out = str(refused.value), tmp_path / "out" / "eval.json"
+    assert "\n" not in message and f"{run / 'eval.json'} {problem}" in message and f"saved in {out}" in message
+    (kept,) = json.loads(out.read_text()).values()
+    assert kept["step"] == 4 and f"{kept['val/loss']:.4f}" in capsys.readouterr().out  # saved, and printed
+    assert {k: v for k, v in _hashes(tmp_path).items() if k != "out/eval.json"} == before
+
+
+def test_eval_through_the_cli_exits_1_with_one_line_naming_the_file_it_did_not_write(sharded_run, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    shutil.copytree(sharded_run, run)
+    (run / "eval.json").write_text("{cut off")
+    result = _cli("eval.py", f"checkpoint={run}", *QUICK, f"hydra.run.dir={out}")
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]
+    assert result.returncode == 1 and errors == [errors[0]] and f"{run / 'eval.json'} is not JSON" in errors[0]
+    assert "Traceback" not in result.stderr and "val/loss" in result.stdout
+    assert (run / "eval.json").read_text() == "{cut off" and len(json.loads((out / "eval.json").read_text())) == 1
+
+
+def test_a_checkpoint_converted_by_torchs_dcp_to_torch_save_is_refused_naming_what_it_lacks(
+    sharded_run, tmp_path, capsys
+):
+    converted = tmp_path / "converted.pt"
+    dcp_to_torch_save(sharded_run / "checkpoints" / "step_0000004.dcp", converted)
+    lacks = f"{converted} is not a normlab checkpoint: it lacks step, model_config, config, tokenizer (it holds model, "
+    with pytest.raises(CheckpointError, match=re.escape(lacks)):  # eval.py
+        eval_script.run_eval(compose_eval(f"checkpoint={converted}", *QUICK), tmp_path / "out")
+    assert export_hf.main([str(converted), str(tmp_path / "exported")]) == 1
+    assert lacks in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["converted.pt"]
+
+
+def test_an_export_target_that_is_a_file_is_refused_and_left_as_it_was(sharded_run, tmp_path, capsys):
+    target = tmp_path / "exported"
+    target.write_text("not a folder")
+    assert export_hf.main([str(sharded_run), str(target)]) == 1
+    assert f"{target} is a file, not a folder" in capsys.readouterr().err and target.read_text() == "not a folder"
+
+
+def _data_path_a_folder(tmp_path, cache_dir):
+    (tmp_path / "texts").mkdir()
+    overrides = ["data=text_files", f"data.train_files=[{tmp_path / 'texts'}]"]
+    return overrides, re.escape(f"data.train_files: {tmp_path / 'texts'} is a folder, not a file; name its files")
+
+
+def _damaged_cached_tokenizer(tmp_path, cache_dir):
+    cache = tmp_path / "cache"
+    shutil.copytree(Path(cache_dir) / "tokenizers", cache / "tokenizers")
+    for tokenizer in (cache / "tokenizers").iterdir():
+        tokenizer.write_text('{"version": "1.0", "cut off')
+    return [], f"the data cache: {cache}/tokenizers/bpe-.*json is not a tokenizer file"
+
+
+def _tokenizer_a_folder(tmp_path, cache_dir):
+    (tmp_path / "tokenizer.json").mkdir()
+    return [f"data.tokenizer={tmp_path / 'tokenizer.json'}"], "tokenizer.json': is a folder, not a file"
+
+
+# How a new run's data is hostile: each makes it in a test's folder, and gives the overrides and the line expected.
+HOSTILE_DATA = [
+    pytest.param(_data_path_a_folder, id="a data path that is a folder"),
+    pytest.param(_damaged_cached_tokenizer, id="a damaged tokenizer in the data cache"),
+    pytest.param(_tokenizer_a_folder, id="a tokenizer path that is a folder"),
+]
+
+
+@pytest.mark.parametrize("make", HOSTILE_DATA)
+def test_hostile_data_refuses_a_new_run_in_one_line_and_leaves_no_run_directory(sharded_run, cache_dir, tmp_path, make):
+    overrides, message = make(tmp_path, cache_dir)  # sharded_run has put its tokenizer in cache_dir
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError) as refused:
+        run_tiny(run_dir, str(tmp_path / "cache"), 2, *overrides)
+    assert "\n" not in str(refused.value) and re.search(message, str(refused.value))
+    discard_unused(run_dir)  # what train.py's main does for a refused new run: only an empty lock was left
+    assert not run_dir.exists()
+
+
+def test_a_train_log_that_links_out_of_the_run_refuses_the_resume_and_nothing_is_written(
+    sharded_run, tmp_path, cache_dir
+):
+    run, outside = tmp_path / "run", tmp_path / "outside.log"
+    shutil.copytree(sharded_run, run)
+    shutil.rmtree(run / "checkpoints" / "step_0000004.dcp")  # killed after its step-2 checkpoint, as it were
+    outside.write_text("another program's log\n")
+    (run / "train.log").symlink_to(outside)
+    before = _hashes(tmp_path)
+    result = _cli("train.py", *tiny_overrides(cache_dir, 4, "train.parallel=fsdp"), f"hydra.run.dir={run}")
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]
+    assert result.returncode == 1 and errors == [errors[0]]
+    assert f"{run / 'train.log'} is a link to {outside}" in errors[0] and "Traceback" not in result.stderr
+    assert _hashes(tmp_path) == before  # the other file, and every file of the run

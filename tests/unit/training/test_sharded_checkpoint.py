@@ -39,7 +39,14 @@ def _step(model, optimizer, seed: int = 1) -> None:
 
 
 def _save(run_dir, model, optimizer, step: int, keep: int = 2):
-    header = {"step": step, "rng": {}, "model_config": model.cfg.to_dict(), "elapsed_s": 1.0}
+    header = {
+        "step": step,
+        "rng": {},
+        "model_config": model.cfg.to_dict(),
+        "config": {},
+        "tokenizer": "",
+        "elapsed_s": 1.0,
+    }
     return save_sharded(run_dir, header, model, optimizer, keep, Distributed())
 
 
