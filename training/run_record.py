@@ -96,10 +96,21 @@ def identity(run_config: dict) -> dict[str, Any]:
     return keys
 
 
+# The files a run writes in its directory: never through a link, which would have it write outside the run.
+# (``checkpoints`` may be a link, to keep them on another disk: it is a folder the run writes into.)
+RUN_FILES = (RECORD, "metrics.jsonl", "tokenizer.json", "train.log", "eval.json", "wandb_id.txt", ".hydra")
+
+
 def check_run_directory(run_dir: Path) -> None:
-    """Refuse a folder that holds files but no run of ours (no record, no checkpoints), naming what it holds:
-    it is left as it is."""
+    """Refuse a folder that holds files but no run of ours (no record, no checkpoints), naming what it holds, and
+    a run whose files are links: either is left as it is."""
     run_dir = Path(run_dir)
+    links = [name for name in RUN_FILES if (run_dir / name).is_symlink()]
+    if links:
+        raise RunIdentityError(
+            f"{run_dir / links[0]} is a link to {(run_dir / links[0]).readlink()}; a run writes its files only "
+            f"inside its directory, never through a link: replace it with the file itself. Nothing was changed."
+        )
     if not run_dir.is_dir() or (run_dir / RECORD).is_file() or (run_dir / "checkpoints").is_dir():
         return
     found = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE)

@@ -200,6 +200,19 @@ def test_a_run_whose_checkpoints_are_unreachable_is_refused_not_started_over(tmp
     assert _fingerprint(run_dir) == before  # metrics.jsonl and config.yaml as they were
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "tokenizer.json", ".hydra"])
+def test_a_run_file_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, cache_dir, finished, name):
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    shutil.copytree(finished, run_dir)
+    moved = run_dir / name
+    moved.rename(outside) if moved.exists() else outside.mkdir()  # a run trained in-process writes no .hydra
+    moved.symlink_to(outside)
+    before = _fingerprint(tmp_path)
+    with pytest.raises(RunIdentityError, match=f"{moved} is a link to {outside}; .*never through a link"):
+        run_tiny(run_dir, cache_dir, 4)
+    assert _fingerprint(tmp_path) == before
+
+
 @pytest.mark.parametrize("damage", ["a shard deleted", "a shard truncated", "the metadata truncated"])
 @pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")
 def test_a_damaged_sharded_checkpoint_falls_back_to_the_previous_one_with_one_warning(
