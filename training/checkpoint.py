@@ -25,14 +25,10 @@ import torch
 
 from model.config import ModelConfig
 from training.atomic import atomic_write
-from training.errors import NormlabError
+from training.errors import CheckpointError, UnsafeCheckpointError
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
-
-
-class CheckpointError(NormlabError, ValueError):
-    """A checkpoint that cannot be used here; the message says why and what to do."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -123,10 +119,6 @@ _LEGACY_NUMPY_GLOBALS = [
 ]
 
 
-class UnsafeCheckpointError(CheckpointError):
-    """A checkpoint whose unpickling would need more than tensors and plain data."""
-
-
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint (a sharded one's header.pt) as data only: anything that would run code is refused."""
     path = resolve_checkpoint(path)
@@ -149,7 +141,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     except Exception as err:
         raise CheckpointError(f"could not read checkpoint {path}: {err}") from None
     if path.is_dir():  # its shards too, before any is read: a damaged one is passed over like a damaged file
-        from training.sharded_checkpoint import read_metadata
+        from training.dcp_metadata import read_metadata
 
         read_metadata(path)
     return state

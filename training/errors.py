@@ -4,3 +4,11 @@ and exit 1, where any other exception is a bug and keeps its traceback."""
 
 class NormlabError(Exception):
     """A problem with the user's input (config, data, checkpoint, run directory) whose message names the fix."""
+
+
+class CheckpointError(NormlabError, ValueError):
+    """A checkpoint that cannot be used here; the message says why and what to do."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint whose unpickling would need more than tensors and plain data."""

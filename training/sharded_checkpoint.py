@@ -12,9 +12,8 @@ A checkpoint is a directory ``checkpoints/step_0000200.dcp`` holding
 
 It is written to ``.step_0000200.dcp.tmp`` and renamed once every process has written its part, so a save
 killed midway leaves the previous checkpoint in charge, as with ``.pt`` files. DCP reads its ``.metadata``
-with ``pickle``, which can run code; here an unpickler that rebuilds DCP's metadata classes, torch sizes and
-dtypes and nothing else reads it, and a checkpoint that holds anything but tensors is refused (DCP would
-unpickle those too).
+with ``pickle``, which can run code; here training/dcp_metadata.py reads it as data, and a checkpoint that
+holds anything but tensors, or misses a shard, is refused before any tensor is read.
 
 Either parallel mode reads the other's checkpoints: a sharded model loads a whole ``.pt`` (each process keeps
 its shard), and a whole model loads a ``.dcp`` (each process reads every shard).
@@ -23,19 +22,17 @@ its shard), and a whole model loads a ``.dcp`` (each process reads every shard).
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import warnings
-from pathlib import Path, PosixPath, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, metadata
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 from torch.distributed.tensor import DTensor
@@ -43,90 +40,18 @@ from torch.distributed.tensor import DTensor
 from training.atomic import atomic_write
 from training.checkpoint import (
     CheckpointError,
-    UnsafeCheckpointError,
     checkpoint_dir,
     load_checkpoint,
     load_newest_readable,
     prune_checkpoints,
     resolve_checkpoint,
 )
+from training.dcp_metadata import read_metadata
 from training.distributed import Distributed
 
 HEADER = "header.pt"  # training/checkpoint.py reads it as a .dcp checkpoint's state
-METADATA = ".metadata"
 # One process reading or writing every shard (no torchrun, or a whole model) is what we mean when DCP says this.
 warnings.filterwarnings("ignore", message="torch.distributed is .*uninitialized, assuming the intent is to")
-# Every class DCP's metadata is made of, as the exact (module, name) pairs a pickle names them by. Never a module's
-# whole namespace: a module that imports os would hand a crafted pickle os.system through it.
-_METADATA_CLASSES = {
-    **{
-        ("torch.distributed.checkpoint.metadata", cls.__name__): cls
-        for cls in (
-            metadata.Metadata,
-            metadata.MetadataIndex,
-            metadata.StorageMeta,
-            metadata.TensorProperties,
-            metadata.TensorStorageMetadata,
-            metadata.ChunkStorageMetadata,
-            metadata.BytesStorageMetadata,  # read, then refused: normlab's checkpoints hold tensors only
-            metadata._MEM_FORMAT_ENCODING,
-        )
-    },
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
-    ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # a layout by its name: torch.strided
-    **{("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)},
-    **{(module, cls.__name__): cls for module in ("pathlib", "pathlib._local") for cls in (PosixPath, PurePosixPath)},
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, file, path: Path) -> None:
-        super().__init__(file)
-        self.path = path
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_CLASSES:
-            return _METADATA_CLASSES[module, name]
-        raise UnsafeCheckpointError(
-            f"refused to read {self.path}: it names {module}.{name}, which torch.distributed.checkpoint's metadata "
-            "never holds, and unpickling it could run code; only read it with torch.distributed.checkpoint "
-            "itself if you trust whoever made it"
-        )
-
-
-def read_metadata(path: Path) -> Metadata:
-    """The metadata of the sharded checkpoint ``path``, read as data only, and checked against the files beside it:
-    tensors only, each in a shard file of this checkpoint that is long enough to hold it. A checkpoint that fails
-    is refused here, before any tensor is read, so a run falls back to the previous checkpoint."""
-    file = Path(path) / METADATA
-    try:
-        with open(file, "rb") as f:
-            metadata = _MetadataUnpickler(f, file).load()
-        entries, storage = metadata.state_dict_metadata, metadata.storage_data
-    except CheckpointError:
-        raise
-    except Exception as err:
-        raise CheckpointError(f"could not read checkpoint {path}: {file.name} is damaged ({err})") from None
-    others = sorted(k for k, v in entries.items() if not isinstance(v, TensorStorageMetadata))
-    if others:
-        raise UnsafeCheckpointError(
-            f"refused to read {path}: it holds non-tensor entries ({', '.join(others[:3])}), which "
-            "torch.distributed.checkpoint would unpickle; normlab's sharded checkpoints hold tensors only"
-        )
-    needed: dict[str, int] = {}
-    for info in storage.values():
-        name = info.relative_path
-        if Path(name).name != name or name in ("", ".", ".."):
-            raise UnsafeCheckpointError(f"refused to read {path}: its metadata points outside it ({name!r})")
-        needed[name] = max(needed.get(name, 0), info.offset + info.length)
-    for name, end in sorted(needed.items()):
-        shard = Path(path) / name
-        size = shard.stat().st_size if shard.is_file() else None
-        if size is None or size < end:
-            problem = "is missing" if size is None else f"is truncated ({size:,} of at least {end:,} bytes)"
-            raise CheckpointError(f"could not read checkpoint {path}: its shard {name} {problem}")
-    return metadata
 
 
 class SafeReader(FileSystemReader):

@@ -11,14 +11,8 @@ import torch.distributed.checkpoint as dcp
 from model import ModelConfig, build_model
 from training.checkpoint import list_checkpoints, load_newest_readable, remove_partial_checkpoints
 from training.distributed import Distributed
-from training.sharded_checkpoint import (
-    HEADER,
-    CheckpointError,
-    UnsafeCheckpointError,
-    read_checkpoint,
-    restore_into,
-    save_sharded,
-)
+from training.errors import CheckpointError, UnsafeCheckpointError
+from training.sharded_checkpoint import HEADER, read_checkpoint, restore_into, save_sharded
 
 # One process writing and reading every shard is what these tests mean (training/sharded_checkpoint.py says so too).
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")

@@ -15,7 +15,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from training.checkpoint import UnsafeCheckpointError, load_checkpoint, load_newest_readable
-from training.sharded_checkpoint import HEADER, METADATA, read_checkpoint
+from training.dcp_metadata import METADATA
+from training.sharded_checkpoint import HEADER, read_checkpoint
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to"),
