@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from training.checkpoint import list_checkpoints
-from training.config import Config, check_values, register_configs
+from training.config import check_config, register_configs
 from training.distributed import init_distributed
 from training.errors import NormlabError
 from training.evaluation import evaluate
@@ -54,7 +54,7 @@ def every(n: int, done: int, last: bool) -> bool:
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     """Run (or resume) the training job ``cfg`` in ``run_dir``; returns the last logged metrics."""
     run_dir = Path(run_dir)
-    check_values(cfg, Config)  # every value in its range, before anything is written
+    check_config(cfg)  # every value in its range, no contradiction, before anything is written
     check_run_directory(run_dir)  # a folder that holds something else is left as it is
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
     dist = init_distributed(device.type, cfg.train.dist_timeout_s)

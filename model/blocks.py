@@ -234,12 +234,20 @@ BLOCKS: dict[str, type[Block]] = {
     "pre_qkv": PreQKVNormBlock,
 }
 # norm.placement: a block for every layer, a mix of blocks by layer, or nGPT's model (model/__init__.py MODELS).
-PLACEMENTS = (*BLOCKS, "mix_ln", "hybrid_star", "ngpt")
+WHOLE_MODEL_PLACEMENTS = ("mix_ln", "hybrid_star", "ngpt")
+PLACEMENTS = (*BLOCKS, *WHOLE_MODEL_PLACEMENTS)
 
 
 def layer_placements(cfg: ModelConfig) -> list[str]:
     """The placement of each layer: ``cfg.layer_placements`` if given, Mix-LN's mix, or one placement throughout."""
     if cfg.layer_placements is not None:
+        wrong = next((placement for placement in cfg.layer_placements if placement not in BLOCKS), None)
+        if wrong is not None:
+            whole = f" ({wrong} places the whole model: set norm.placement={wrong})" if wrong in PLACEMENTS else ""
+            raise ValueError(
+                f"norm.layer_placements: {wrong!r} is not a layer's block; each layer takes one of: "
+                f"{', '.join(BLOCKS)}{whole}"
+            )
         return list(cfg.layer_placements)
     if cfg.placement == "mix_ln":
         post = math.floor(cfg.post_fraction * cfg.n_layers)
@@ -255,7 +263,6 @@ def block_class(placement: str) -> type[Block]:
     except KeyError:
         if placement == "ngpt":
             raise ValueError(
-                "norm.placement=ngpt is nGPT's own model (model/ngpt.py), not a block: build it with "
-                "model.build_model, and never in norm.layer_placements beside other blocks"
+                "norm.placement=ngpt is nGPT's own model (model/ngpt.py), not a block: build it with model.build_model"
             ) from None
         raise ValueError(f"unknown norm.placement {placement!r}; choose one of: {', '.join(PLACEMENTS)}") from None

@@ -45,16 +45,21 @@ class Norm(nn.Module):
         return self.scaled(self.normalize(total)), total
 
     def effective_gain(self) -> torch.Tensor | None:
-        """The per-feature gain the output is multiplied by, in float32 at least, or None without one."""
+        """The per-feature gain the output is multiplied by, in float32 at least, or None without one.
+
+        Always a copy: a view of a float32 weight would change with it, and ``fold_gain`` resets the weight
+        after reading the gain (DyT and Derf keep a weight of ones, which their kernels need).
+        """
         weight = getattr(self, "weight", None)
-        return None if weight is None else weight.detach().to(torch.promote_types(weight.dtype, torch.float32))
+        if weight is None:
+            return None
+        return weight.detach().to(torch.promote_types(weight.dtype, torch.float32), copy=True)
 
     @torch.no_grad()
     def fold_gain(self) -> torch.Tensor | None:
-        """Take out the per-feature scale this norm's output ends with and return it (float32), for the linear
-        layer that reads the output to take in: W (g * n) = (W diag g) n (FlashNorm, arXiv 2407.09577), in float32
-        at least. None
-        where there is nothing to fold; a ValueError where something follows the gain (a bias)."""
+        """Take out the per-feature scale this norm's output ends with and return it (float32 at least), for the
+        linear layer that reads the output to take in: W (g * n) = (W diag g) n (FlashNorm, arXiv 2407.09577).
+        None where there is nothing to fold; a ValueError where something follows the gain (a bias)."""
         if getattr(self, "bias", None) is not None:
             raise ValueError(
                 f"{type(self).__name__} adds a bias after its gain, which a linear layer without bias cannot take "

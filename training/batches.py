@@ -9,6 +9,7 @@ same global batch sees.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import torch
@@ -42,17 +43,38 @@ class TrainBatches:
 
 
 def split_global_batch(train_cfg, seq_len: int, world_size: int) -> tuple[int, int]:
-    """(sequences per global batch, gradient-accumulation steps) from the configured global batch."""
-    global_tokens = train_cfg.global_batch_tokens or train_cfg.batch_size * seq_len
+    """(sequences per global batch, gradient-accumulation steps) from the configured global batch; unset, one
+    micro-batch per process (no accumulation), so the global batch grows with the process count."""
     per_pass = train_cfg.batch_size * world_size
-    if global_tokens % seq_len or (global_tokens // seq_len) % per_pass:
-        raise ConfigError(
-            f"train.global_batch_tokens={global_tokens} must be a multiple of seq_len ({seq_len}) x "
-            f"train.batch_size ({train_cfg.batch_size}) x processes ({world_size}) = {per_pass * seq_len}; "
-            "change train.batch_size or train.global_batch_tokens"
-        )
+    global_tokens = train_cfg.global_batch_tokens or per_pass * seq_len
+    if global_tokens % (per_pass * seq_len):
+        raise ConfigError(_batch_fixes(global_tokens, seq_len, train_cfg.batch_size, world_size))
     global_batch = global_tokens // seq_len
     return global_batch, global_batch // per_pass
+
+
+def _batch_fixes(global_tokens: int, seq_len: int, batch_size: int, world_size: int) -> str:
+    """Why the global batch does not split into micro-batches, and the values that would: the batch sizes that
+    divide each process's sequences (where they are whole), the nearest global batches that split, or null."""
+    step = seq_len * batch_size * world_size
+    below, above = global_tokens // step * step, (global_tokens // step + 1) * step
+    nearest = f"{below} or {above}" if below else str(above)
+    multiples = f"a multiple of {step} = {seq_len} tokens x {batch_size} x {world_size} process(es), e.g. {nearest}"
+    share, rest = divmod(global_tokens, seq_len * world_size)  # each process's sequences
+    if rest:
+        return (
+            f"train.global_batch_tokens={global_tokens} is not a whole number of {seq_len}-token sequences for each "
+            f"of {world_size} process(es), so no train.batch_size splits it: set train.global_batch_tokens to "
+            f"{multiples}, or to null (one micro-batch per process)"
+        )
+    divisors = {d for i in range(1, math.isqrt(share) + 1) if share % i == 0 for d in (i, share // i)}
+    near = sorted(sorted(divisors, key=lambda d: abs(d - batch_size))[:6])  # the batch sizes closest to this one
+    return (
+        f"train.global_batch_tokens={global_tokens} is {share} sequences of {seq_len} tokens for each of "
+        f"{world_size} process(es), which micro-batches of train.batch_size={batch_size} do not split: set "
+        f"train.batch_size to a divisor of {share} ({', '.join(map(str, near))}), or train.global_batch_tokens to "
+        f"{multiples}, or to null (one micro-batch per process)"
+    )
 
 
 def validation_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Tensor:

@@ -8,11 +8,18 @@ understood by every version we support).
 
 import dataclasses
 import enum
+import logging
 import math
+import os
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional  # noqa: UP035
+from typing import Any, Dict, List, NamedTuple, Optional  # noqa: UP035
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import configure_log
+from hydra.experimental.callback import Callback
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from model.blocks import PLACEMENTS
@@ -313,6 +320,81 @@ class Config:
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
+
+
+class Contradiction(NamedTuple):
+    """Two settings that are each allowed but together train something other than the run's label says."""
+
+    holds: Callable[[DictConfig, Mapping[str, Any]], bool]  # of the composed config and Hydra's group choices
+    refusal: Callable[[DictConfig], str]  # one line that names the fix
+
+
+# What does not combine, in one table, checked with the values before anything is written (check_config). The
+# group choices matter where a group sets plain keys: norm=ngpt sets norm.name=l2norm and norm.placement=ngpt.
+CONTRADICTIONS = (
+    Contradiction(
+        lambda cfg, choices: choices.get("norm") == "ngpt" and cfg.norm.placement != "ngpt",
+        lambda cfg: (
+            f"norm=ngpt is nGPT's own model (norm.placement=ngpt), so norm.placement={cfg.norm.placement} would "
+            f"train {cfg.norm.name} in {cfg.norm.placement} blocks with nGPT's training settings: drop "
+            f"norm.placement, or choose norm={cfg.norm.name} for the L2 norm in other blocks"
+        ),
+    ),
+    Contradiction(
+        lambda cfg, choices: cfg.norm.layer_placements is not None and cfg.norm.placement != "pre",
+        lambda cfg: (
+            f"norm.layer_placements={list(cfg.norm.layer_placements)} sets each layer's block, so "
+            f"norm.placement={cfg.norm.placement} would label the run with blocks it does not build: drop one of "
+            "the two (a per-layer list stands beside norm.placement=pre)"
+        ),
+    ),
+)
+
+NAME_MAX = 255  # bytes in one folder name (a path component) on Linux, macOS and Windows file systems
+
+
+def check_run_name(name: str) -> None:
+    """Refuse a run_name that is not one folder name: the run's folder is runs/<run_name> (configs/config.yaml)."""
+    if name in ("", ".", "..") or any(separator in name for separator in {"/", os.sep}):
+        raise ConfigError(
+            f"run_name={name!r} is not one folder name inside runs/ (the run's folder is runs/<run_name>): choose a "
+            "run_name without '/' that is not '.' or '..', e.g. run_name=my-run"
+        )
+    size = len(os.fsencode(name))
+    if size > NAME_MAX:
+        raise ConfigError(
+            f"run_name={name[:24]!r}... is {size} bytes, past the {NAME_MAX} bytes a folder name may have (the run's "
+            f"folder is runs/<run_name>): choose a run_name of at most {NAME_MAX} bytes"
+        )
+
+
+def check_config(cfg: DictConfig, choices: Optional[Mapping[str, Any]] = None) -> None:
+    """Refuse a composed run config before anything is written, in one line naming the key and the fix: a value
+    out of its range, a run_name that is no folder name, a contradiction. ``choices``: the config groups Hydra
+    composed, by default this Hydra job's (none outside one)."""
+    check_values(cfg, Config)
+    check_run_name(cfg.run_name)
+    if choices is None:
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    for contradiction in CONTRADICTIONS:
+        if contradiction.holds(cfg, choices):
+            raise ConfigError(contradiction.refusal(cfg))
+
+
+class ConfigCheck(Callback):
+    """Runs check_config before Hydra makes the run's folder (hydra.callbacks in configs/config.yaml): a refused
+    command then leaves no folder, and a run_name that is no folder name is refused before Hydra would make the
+    folders of ../x outside runs/, or fail with a traceback on a name past 255 bytes. The refusal is train.py's: one
+    logged line, and exit 1. (A sweep's jobs are checked by train.py, each in the folder Hydra made for it.)"""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)  # as Hydra's job does next: run_name's ${overrides_tag:} reads it
+        try:
+            check_config(config, config.hydra.runtime.choices)
+        except ConfigError as err:
+            configure_log(config.hydra.job_logging)
+            logging.getLogger("normlab.train").error("%s", err)
+            sys.exit(1)
 
 
 VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faster matmuls

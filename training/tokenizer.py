@@ -7,6 +7,7 @@ the second run with the same data reuses it instead of training again.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from training.atomic import atomic_write_text
 from training.corpus import DataError, Split
 
+log = logging.getLogger(__name__)
 EOS = "<|endoftext|>"
 _BPE_SETTINGS = "byte-level-bpe:v1:add_prefix_space=False"
 _MIN_VOCAB = 256 + 1  # every byte, plus the end-of-text token
@@ -23,12 +25,21 @@ _MIN_VOCAB = 256 + 1  # every byte, plus the end-of-text token
 def get_tokenizer(data_cfg, train: Split, cache_dir: Path) -> Tokenizer:
     """The tokenizer ``data.tokenizer`` names: 'bpe' (trained and cached), a tokenizer.json, or a local HF name."""
     if data_cfg.tokenizer == "bpe":
-        return _cached_bpe(train, data_cfg.vocab_size, cache_dir)
+        tokenizer = _cached_bpe(train, data_cfg.vocab_size, cache_dir)
+        learned = tokenizer.get_vocab_size()
+        if learned < data_cfg.vocab_size:  # a warning, not a refusal: tests ask small corpora for round sizes
+            log.warning(
+                f"data.vocab_size={data_cfg.vocab_size}, but the BPE learned only {learned} tokens from this training "
+                f"split (no pairs left to merge), so the run trains with {learned}: set "
+                f"data.vocab_size<={learned}, or train on more text"
+            )
+        return tokenizer
     path = Path(os.path.expanduser(data_cfg.tokenizer))
     if path.suffix == ".json":
         if not path.is_file():
-            raise DataError(f"data.tokenizer={data_cfg.tokenizer!r}: no such file")
-        return Tokenizer.from_file(str(path))
+            problem = "is a folder, not a file" if path.is_dir() else "no such file"
+            raise DataError(f"data.tokenizer={data_cfg.tokenizer!r}: {problem}")
+        return _read(path, f"data.tokenizer={data_cfg.tokenizer!r}", "give a tokenizer.json that train.py wrote")
     return _local_hf_tokenizer(data_cfg.tokenizer)
 
 
@@ -53,10 +64,18 @@ def _cached_bpe(train: Split, vocab_size: int, cache_dir: Path) -> Tokenizer:
     key = hashlib.sha256(f"{train.fingerprint}|{vocab_size}|{_BPE_SETTINGS}".encode()).hexdigest()[:16]
     path = cache_dir / "tokenizers" / f"bpe-{vocab_size}-{key}.json"
     if path.is_file():
-        return Tokenizer.from_file(str(path))
+        return _read(path, "the data cache", "delete it and the next run trains it again")
     tokenizer = train_bpe(train.documents(), vocab_size)
     atomic_write_text(path, tokenizer.to_str())
     return tokenizer
+
+
+def _read(path: Path, where: str, fix: str) -> Tokenizer:
+    """A tokenizer file, or one line naming it, what is wrong and ``fix`` (the library's errors are bare)."""
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:
+        raise DataError(f"{where}: {path} is not a tokenizer file ({' '.join(str(err).split())}); {fix}") from None
 
 
 def train_bpe(documents, vocab_size: int) -> Tokenizer:

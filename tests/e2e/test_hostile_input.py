@@ -355,3 +355,24 @@ def test_a_train_log_that_links_out_of_the_run_refuses_the_resume_and_nothing_is
     assert result.returncode == 1 and errors == [errors[0]]
     assert f"{run / 'train.log'} is a link to {outside}" in errors[0] and "Traceback" not in result.stderr
     assert _hashes(tmp_path) == before  # the other file, and every file of the run
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("run_name=../escape", "run_name='../escape' is not one folder name inside runs/"),
+        ("run_name=" + "a" * 300, "is 300 bytes, past the 255 bytes a folder name may have"),
+        ("norm=ngpt norm.placement=hybrid", "norm=ngpt is nGPT's own model (norm.placement=ngpt)"),
+    ],
+    ids=["run_name leaving runs", "run_name too long", "a contradiction"],
+)
+def test_a_config_refused_before_hydra_makes_the_run_folder_leaves_no_folder_at_all(override, named, tmp_path):
+    """Run from an empty folder with the default hydra.run.dir (runs/<run_name>): neither runs/, nor ../escape, nor
+    a traceback on a name too long for a folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    result = _cli(str(ROOT / "train.py"), "model=tiny", "logger=none", *override.split(), cwd=work)
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]
+    assert result.returncode == 1 and len(errors) == 1 and named in errors[0], result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["work"] and not any(work.iterdir())

@@ -19,7 +19,6 @@ import training.setup as training_setup
 from analysis.unigram import compute_unigram_val_loss
 from model import Transformer
 from norms import NORM_NAMES, build_norm
-from training.batches import split_global_batch
 from training.checkpoint import load_checkpoint
 from training.config import RUN_NAME_KEYS, ConfigError, build_model_config
 from training.nonfinite import TrainingDiverged
@@ -296,7 +295,7 @@ def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
         ("model.attn_softcap=-50", "model.attn_softcap=-50.0 is not allowed: it must be > 0 or null"),
         ("norm.post_fraction=1.5", "norm.post_fraction=1.5 is not allowed: it must be in \\[0, 1\\]"),
         ("norm.layer_placements=[pre,post,pre]", "norm.layer_placements has 3 entries for model.n_layers=2"),
-        ("norm.layer_placements=[pre,side]", "unknown norm.placement 'side'; choose one of: pre, post"),
+        ("norm.layer_placements=[pre,side]", "'side' is not a layer's block; each layer takes one of: pre, post"),
         ("train.qk_clip=100 norm.qk=rmsnorm", "normalize away: use one of them"),
         ("train.qk_clip=100 norm.placement=hybrid", "normalize away: use one of them"),
         ("norm.after_linear=rmsnorm norm.placement=peri", "PeriNormBlock normalizes again: use it with"),
@@ -347,16 +346,6 @@ def test_multirun_sweeps_norms_and_placements(tmp_path, cache_dir):
         for placement in ("pre", "peri", "post")
     ]
     assert tag and runs == {f"{i}-tiny-{variant}-s0{tag}" for i, variant in enumerate(variants)}
-
-
-def test_split_global_batch():
-    cfg = SimpleNamespace(global_batch_tokens=None, batch_size=4)
-    assert split_global_batch(cfg, 64, 1) == (4, 1)
-    cfg = SimpleNamespace(global_batch_tokens=64 * 16, batch_size=4)
-    assert split_global_batch(cfg, 64, 1) == (16, 4)
-    assert split_global_batch(cfg, 64, 2) == (16, 2)
-    with pytest.raises(ConfigError, match="change train.batch_size or train.global_batch_tokens"):
-        split_global_batch(SimpleNamespace(global_batch_tokens=64 * 6, batch_size=4), 64, 1)
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():

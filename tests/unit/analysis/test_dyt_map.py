@@ -95,10 +95,12 @@ def test_alpha_at_the_end_is_read_from_the_last_checkpoint(tmp_path):
     run_dir = next(p.parent for p in tmp_path.rglob("config.yaml"))
     (run_dir / "checkpoints").mkdir()
     alphas = {"layers.0.attn_norm.alpha": torch.tensor(0.1), "final_norm.alpha": torch.tensor(-0.2)}
-    torch.save(
-        {"model": {**alphas, "tok_embeddings.weight": torch.zeros(2, 2)}}, run_dir / "checkpoints" / "step_0000010.pt"
-    )
-    torch.save({"model": {k: v * 3 for k, v in alphas.items()}}, run_dir / "checkpoints" / "step_0000020.pt")
+    rest = {"model_config": {}, "config": {}, "tokenizer": ""}  # what every checkpoint holds besides its weights
+    for step, model in (
+        (10, {**alphas, "tok_embeddings.weight": torch.zeros(2, 2)}),
+        (20, {k: v * 3 for k, v in alphas.items()}),
+    ):
+        torch.save({"step": step, "model": model, **rest}, run_dir / "checkpoints" / f"step_{step:07d}.pt")
     (run,) = load_runs([str(tmp_path)])[0]
     assert final_alphas(run) == pytest.approx([0.3, -0.6])  # the newest checkpoint's
     (setting,) = summarize([run])["settings"]

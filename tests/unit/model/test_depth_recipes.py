@@ -74,8 +74,15 @@ def test_a_per_layer_placement_list_is_a_general_mix():
     assert model.final_norm is not None  # reordered wants one
     with pytest.raises(ValueError, match="norm.layer_placements has 3 entries for model.n_layers=4"):
         tiny(layer_placements=["pre", "pre", "post"])
-    with pytest.raises(ValueError, match="unknown norm.placement 'side'"):
+    with pytest.raises(ValueError, match="'side' is not a layer's block; each layer takes one of: pre, post, peri"):
         Transformer(tiny(layer_placements=["pre", "pre", "side", "pre"]))
+    blocks = "pre, post, peri, reordered, deepnorm, hybrid, pre_qkv"  # only what a layer can take, not hybrid_star
+    with pytest.raises(ValueError) as refused:
+        Transformer(tiny(layer_placements=["pre", "hybrid_star", "pre", "pre"]))
+    assert str(refused.value) == (
+        f"norm.layer_placements: 'hybrid_star' is not a layer's block; each layer takes one of: {blocks} "
+        "(hybrid_star places the whole model: set norm.placement=hybrid_star)"
+    )
 
 
 def test_deepnorm_alpha_beta_and_init_against_the_papers_decoder_constants():

@@ -1,10 +1,14 @@
 """Norm gains folded into the linear layers after them (model/fold.py): the same logits, or a refusal naming the norm."""
 
+from itertools import product
+
 import pytest
 import torch
 
 from model import ModelConfig, Transformer
 from model.fold import fold_gains
+from norms.base import GAINS
+from norms.registry import NORM_NAMES, norm_options
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -47,6 +51,46 @@ def test_folded_logits_equal_the_unfolded_ones(overrides, dtype):
     assert model.lm_head.weight is not model.tok_embeddings.weight  # the head took the final gain alone
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(after, before, atol=tolerance, rtol=tolerance)
+
+
+def _every_norm_gain_and_bias():
+    """Every registered norm, with each gain parametrization and bias it accepts."""
+    for name in NORM_NAMES:
+        accepts = norm_options(name)
+        gains, biases = GAINS if "gain" in accepts else [None], [False, True] if "bias" in accepts else [None]
+        for gain, bias in product(gains, biases):
+            options = {key: value for key, value in (("gain", gain), ("bias", bias)) if value is not None}
+            yield pytest.param(name, options, id="-".join([name, *(f"{k}={v}" for k, v in options.items())]))
+
+
+@pytest.mark.parametrize("name, options", list(_every_norm_gain_and_bias()))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32 on CPU: the C kernels' path
+def test_folding_any_norm_with_random_gains_keeps_the_logits(name, options, dtype):
+    """The property behind fold_gains, over the registry: the same logits to float rounding, or a refusal naming
+    the bias when a gain is followed by one (and the logits unchanged)."""
+    torch.manual_seed(0)
+    model = Transformer(tiny(norm=name, norm_options=options)).to(dtype).eval()
+    with torch.no_grad():
+        for norm in model.norm_modules().values():
+            for parameter in norm.parameters():  # gains, and alpha, shift and bias where the norm has them
+                parameter.add_(0.3 * torch.randn_like(parameter))
+    tokens = torch.randint(0, 97, (2, 12))
+    has_gain = model.norm_modules()["final_norm"].effective_gain() is not None
+    with torch.no_grad():
+        before = model(tokens)
+        if options.get("bias") and has_gain:
+            with pytest.raises(ValueError, match=r"cannot fold layers\.0\.attn_norm's gain: \w+ adds a bias after it"):
+                fold_gains(model)
+            folded = []
+        else:
+            folded = fold_gains(model)
+            assert bool(folded) == has_gain
+        after = model(tokens)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(after, before, atol=tolerance, rtol=tolerance)
+    for folded_name in folded:  # the gain is gone (or, where a kernel needs a weight, ones)
+        gain = model.norm_modules()[folded_name].effective_gain()
+        assert gain is None or torch.equal(gain, torch.ones_like(gain))
 
 
 def test_the_default_model_folds_within_1e4_in_float32():

@@ -146,7 +146,7 @@ def test_ngpt_is_its_own_model_class_and_the_plain_transformer_refuses_its_place
     assert Transformer(ngpt(placement="pre", norm="rmsnorm", tie_embeddings=True)).post_step_hooks() == []
     with pytest.raises(ValueError, match="build it with model.build_model"):
         Transformer(ngpt())
-    with pytest.raises(ValueError, match="never in norm.layer_placements"):
+    with pytest.raises(ValueError, match="'ngpt' is not a layer's block.*set norm.placement=ngpt"):
         Transformer(ngpt(placement="pre", norm="rmsnorm", layer_placements=["pre", "ngpt"]))
 
 

@@ -1,17 +1,19 @@
 """The data pipeline, offline: default corpus, tokenizer and token caches, batches, bad input."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from training.batches import TrainBatches, heldout_windows, validation_windows
-from training.config import DataConfig
+from training.batches import TrainBatches, heldout_windows, split_global_batch, validation_windows
+from training.config import ConfigError, DataConfig
 from training.corpus import DataError, load_splits
 from training.data import build_data
 from training.token_cache import cache_key, token_array
@@ -123,6 +125,34 @@ def test_batches_are_deterministic_per_seed_and_step():
     assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are inputs shifted by one
 
 
+def test_split_global_batch():
+    unset = SimpleNamespace(global_batch_tokens=None, batch_size=4)
+    assert split_global_batch(unset, 64, 1) == (4, 1)
+    assert split_global_batch(unset, 64, 2) == (8, 1)  # unset: one micro-batch per process, whatever their count
+    fixed = SimpleNamespace(global_batch_tokens=64 * 16, batch_size=4)
+    assert split_global_batch(fixed, 64, 1) == (16, 4)
+    assert split_global_batch(fixed, 64, 2) == (16, 2)
+
+
+def test_a_global_batch_that_does_not_split_names_the_values_that_would():
+    """6 sequences over 2 processes is 3 each: batch sizes 1 and 3 split them, and 512 tokens (64 x 4 x 2) would
+    split into micro-batches of 4; 1000 tokens are no whole number of sequences, so only the global batch can move."""
+    with pytest.raises(ConfigError) as refused:
+        split_global_batch(SimpleNamespace(global_batch_tokens=64 * 6, batch_size=4), 64, 2)
+    assert str(refused.value) == (
+        "train.global_batch_tokens=384 is 3 sequences of 64 tokens for each of 2 process(es), which micro-batches "
+        "of train.batch_size=4 do not split: set train.batch_size to a divisor of 3 (1, 3), or "
+        "train.global_batch_tokens to a multiple of 512 = 64 tokens x 4 x 2 process(es), e.g. 512, or to null "
+        "(one micro-batch per process)"
+    )
+    for batch_size in (1, 3):
+        assert split_global_batch(SimpleNamespace(global_batch_tokens=384, batch_size=batch_size), 64, 2)[0] == 6
+    with pytest.raises(ConfigError, match=r"no train.batch_size splits it: .* multiple of 512 .* e.g. 512 or 1024,"):
+        split_global_batch(SimpleNamespace(global_batch_tokens=1000, batch_size=4), 64, 2)
+    with pytest.raises(ConfigError, match=r"a divisor of 720 \(4, 5, 6, 8, 9, 10\)"):  # the six nearest to 7
+        split_global_batch(SimpleNamespace(global_batch_tokens=64 * 720, batch_size=7), 64, 1)
+
+
 def test_ranks_slices_union_is_the_single_process_batch():
     tokens = np.arange(10_000, dtype=np.uint16)
     batches = TrainBatches(tokens, seq_len=16, global_batch=8, seed=0)
@@ -164,6 +194,24 @@ def test_vocab_too_small_for_bytes(tmp_path):
     cfg = _files_cfg(tmp_path, "some text here", "more", vocab_size=100)
     with pytest.raises(DataError, match="data.vocab_size=100 is too small.*at least 257"):
         build_data(cfg, seq_len=8, global_batch=2, seed=0)
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_is_named_in_one_warning(tmp_path, caplog):
+    """Three short paragraphs give 257 bytes and EOS plus a few merges, far below 300: said once per run, cached
+    or not (a warning, as the tests here ask small corpora for 300 tokens)."""
+    cfg = _files_cfg(tmp_path, "one two three\n\nfour five six\n\nseven", "eight nine")
+    train, _ = load_splits(cfg)
+    for _ in ("trained", "cached"):
+        caplog.clear()
+        learned = get_tokenizer(cfg, train, tmp_path / "cache").get_vocab_size()
+        assert 257 < learned < 300
+        assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+            f"data.vocab_size=300, but the BPE learned only {learned} tokens from this training split (no pairs left "
+            f"to merge), so the run trains with {learned}: set data.vocab_size<={learned}, or train on more text"
+        ]
+    caplog.clear()
+    get_tokenizer(dataclasses.replace(cfg, vocab_size=learned), train, tmp_path / "cache")  # asking for what it has
+    assert not caplog.records
 
 
 def test_seq_len_longer_than_validation_split(tmp_path):
