@@ -26,10 +26,14 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 8
     n_kv_heads: int = 4  # grouped-query attention: n_heads must be a multiple of it
+    head_size: Optional[int] = None  # features per attention head; None: d_model // n_heads (Qwen3's are wider)
     mlp_hidden: Optional[int] = None  # noqa: UP045  # None: LLaMA's rule, 2/3 * 4 * d_model rounded up to mlp_multiple_of
     mlp_multiple_of: int = 64
     max_seq_len: int = 256
     rope_theta: float = 10000.0
+    # Llama 3's stretch of RoPE's low frequencies (model/rope.py): {rope_type: llama3, factor, low_freq_factor,
+    # high_freq_factor, original_max_position_embeddings}; empty for plain RoPE (a dict, which Hydra can fill)
+    rope_scaling: Dict[str, Any] = field(default_factory=dict)
     norm: str = "rmsnorm"
     norm_options: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     placement: str = "pre"  # pre | post | peri | reordered | deepnorm | mix_ln (model/blocks.py) | ngpt (model/ngpt.py)
@@ -58,12 +62,14 @@ class ModelConfig:
     attn_sink: str = "none"  # none | learned: one learned logit per head in the softmax's denominator (gpt-oss)
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if self.head_size is None and self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
-        if (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"the head size d_model/n_heads={self.d_model // self.n_heads} must be even for RoPE")
+        if self.head_dim % 2:
+            raise ValueError(
+                f"the head size {self.head_dim} (model.head_size or d_model/n_heads) must be even for RoPE"
+            )
         for key, value, allowed in (
             ("model.embed_scale", self.embed_scale, EMBED_SCALES),
             ("model.init_out_scale", self.init_out_scale, INIT_OUT_SCALES),
@@ -88,7 +94,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
 
     @property
     def hidden_dim(self) -> int:

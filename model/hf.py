@@ -1,27 +1,37 @@
-"""Our decoder as a Hugging Face model: which class matches, its config, and renamed weights.
+"""Our decoder as a Hugging Face model and back: which class matches, its config, and renamed weights.
 
 Three of our variants have an exact Hugging Face twin (all with RMSNorm over all features):
 
-    pre-norm, no QK-norm                       -> LlamaForCausalLM
-    pre-norm, QK-norm per head                 -> Qwen3ForCausalLM
+    pre-norm, no QK-norm                       <-> LlamaForCausalLM
+    pre-norm, QK-norm per head                 <-> Qwen3ForCausalLM
     reordered (norm after each branch),
-    QK-norm over all heads                     -> Olmo2ForCausalLM
+    QK-norm over all heads                     <-> Olmo2ForCausalLM
 
 Any other variant (LayerNorm, pRMSNorm, DyT, post or peri placement, ...) is refused with the
 feature that has no equivalent. A gain of ``one_plus`` or ``none`` exports as the plain gain
 it equals (1 + w, or ones). Our RoPE already uses the rotate-half layout, so q/k weights need
 no permutation; our fused q|k|v and gate|up projections are split into separate ones.
+
+The import (scripts/import_hf.py) reads the same tables the other way: ``hf_model_config`` is
+``hf_config``'s inverse and ``load_hf_tensors`` ``hf_state_dict``'s, both through one name map
+(``hf_tensor_names``). Hugging Face's settings that none of our variants has (biases, sliding
+windows, RoPE scaling other than Llama 3's, ...) are refused by name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from model.config import ModelConfig
+from model.rope import LLAMA3_KEYS
 from model.transformer import Transformer
+from norms import Norm
 
 HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+ROPE_TYPES = ("default", "llama3")  # plain RoPE, and Llama 3's frequency scaling (model/rope.py)
 
 # Our norm attribute in a block -> its name in each Hugging Face layer.
 _BLOCK_NORMS = {
@@ -29,6 +39,7 @@ _BLOCK_NORMS = {
     "qwen3": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
     "olmo2": {"attn_out_norm": "post_attention_layernorm", "mlp_out_norm": "post_feedforward_layernorm"},
 }
+_QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
 
 
 def hf_model_type(model: Transformer) -> str:
@@ -82,6 +93,7 @@ def hf_model_type(model: Transformer) -> str:
 def hf_config(model: Transformer) -> dict[str, Any]:
     """The config.json of the equivalent Hugging Face model."""
     model_type, cfg = hf_model_type(model), model.cfg
+    rope = dict(cfg.rope_scaling) or {"rope_type": "default"}
     config = {
         "architectures": [HF_CLASSES[model_type]],
         "model_type": model_type,
@@ -95,49 +107,137 @@ def hf_config(model: Transformer) -> dict[str, Any]:
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": next(iter(model.norm_modules().values())).eps,
-        # Older transformers read rope_theta, newer ones rope_parameters; both are given.
+        # Older transformers read rope_theta (and rope_scaling), newer ones rope_parameters; both are given.
         "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": False,
         "mlp_bias": False,
         "initializer_range": cfg.init_std,
         "torch_dtype": "float32",
     }
+    if cfg.rope_scaling:
+        config["rope_scaling"] = rope
     if model_type == "qwen3":
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers)
     return config
 
 
+def hf_model_config(config: dict[str, Any]) -> ModelConfig:
+    """Our model config for a Hugging Face config.json (``hf_config``'s inverse); a ValueError naming the first
+    setting that has no equivalent here."""
+    architectures = config.get("architectures") or [HF_CLASSES.get(config.get("model_type"), config.get("model_type"))]
+    model_type = {name: key for key, name in HF_CLASSES.items()}.get(architectures[0])
+    if len(architectures) != 1 or model_type is None:
+        raise ValueError(
+            f"architecture {', '.join(map(str, architectures))} has no equivalent here: normlab imports "
+            f"{', '.join(HF_CLASSES.values())}"
+        )
+    rope = _rope_parameters(config)
+    rope_type = rope["rope_type"]
+    layer_types = set(config.get("layer_types") or ["full_attention"])
+    unheld = {
+        f"hidden_act={config.get('hidden_act')}": config.get("hidden_act", "silu") != "silu",
+        "attention_bias=true": config.get("attention_bias", False),
+        "mlp_bias=true": config.get("mlp_bias", False),
+        f"attention_dropout={config.get('attention_dropout')}": config.get("attention_dropout", 0.0) != 0,
+        f"RoPE scaling {rope_type!r} (normlab has plain RoPE and Llama 3's, llama3)": rope_type not in ROPE_TYPES,
+        f"partial_rotary_factor={rope.get('partial_rotary_factor')}": rope.get("partial_rotary_factor", 1.0) != 1,
+        "use_sliding_window=true": config.get("use_sliding_window", False),
+        f"layer_types {sorted(layer_types)}": layer_types != {"full_attention"},
+        "quantization_config (import the unquantized model)": "quantization_config" in config,
+    }
+    unheld = [feature for feature, used in unheld.items() if used]
+    if unheld:
+        raise ValueError(f"{architectures[0]} with {unheld[0]} has no equivalent in normlab's model")
+    # Llama's and Qwen3's RMSNorm round to the input's dtype before the gain, OLMo 2's after it (our default).
+    cast_order = {} if model_type == "olmo2" else {"cast_before_weight": True}
+    try:
+        width, heads = config["hidden_size"], config["num_attention_heads"]
+        head_dim = config.get("head_dim") or width // heads
+        llama3 = {key: rope[key] for key in ("rope_type", *LLAMA3_KEYS)} if rope_type == "llama3" else {}
+        return ModelConfig(
+            vocab_size=config["vocab_size"],
+            d_model=width,
+            n_layers=config["num_hidden_layers"],
+            n_heads=heads,
+            n_kv_heads=config.get("num_key_value_heads") or heads,
+            head_size=None if head_dim * heads == width else head_dim,
+            mlp_hidden=config["intermediate_size"],
+            max_seq_len=config["max_position_embeddings"],
+            rope_theta=float(rope["rope_theta"]),
+            rope_scaling=llama3,
+            norm="rmsnorm",
+            norm_options={"eps": config.get("rms_norm_eps", 1e-6), **cast_order},
+            placement="reordered" if model_type == "olmo2" else "pre",
+            qk_norm=None if model_type == "llama" else "rmsnorm",
+            qk_axis="all" if model_type == "olmo2" else "head",
+            tie_embeddings=config.get("tie_word_embeddings", False),
+            init_std=config.get("initializer_range", 0.02),
+        )
+    except KeyError as err:
+        raise ValueError(f"{architectures[0]}'s config.json has no {err.args[0]}") from None
+
+
+def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE's settings in the current layout (``rope_parameters``) from either it or the older ``rope_theta`` and
+    ``rope_scaling`` (whose type key was once ``type``)."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    rope["rope_type"] = rope.get("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+def hf_tensor_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
+    """Each of our tensors -> the Hugging Face tensors stacked in its rows, top to bottom, with their row counts:
+    the one name map that the export reads one way and the import the other. A tied LM head is left to the tying."""
+    model_type, cfg = hf_model_type(model), model.cfg
+    whole = {"tok_embeddings.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight"}
+    if not cfg.tie_embeddings:
+        whole["lm_head.weight"] = "lm_head.weight"
+    stacked = {}
+    for i, layer in enumerate(model.layers):
+        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
+        norms = {**_BLOCK_NORMS[model_type], **(_QK_NORMS if layer.attn.has_qk_norm else {})}
+        for norm, their_norm in norms.items():
+            whole[f"{ours}{norm}.weight"] = f"{theirs}{their_norm}.weight"
+        for branch, their_branch in (("attn", "self_attn"), ("mlp", "mlp")):
+            for fused, parts in getattr(layer, branch).fused_rows().items():  # q|k|v, gate|up
+                stacked[f"{ours}{branch}.{fused}"] = [(f"{theirs}{their_branch}.{p}_proj.weight", n) for p, n in parts]
+        whole[f"{ours}attn.o_proj.weight"] = f"{theirs}self_attn.o_proj.weight"
+        whole[f"{ours}mlp.down_proj.weight"] = f"{theirs}mlp.down_proj.weight"
+    return {**{ours: [(theirs, len(_ours(model, ours)))] for ours, theirs in whole.items()}, **stacked}
+
+
+def hf_tensor_shapes(model: Transformer) -> dict[str, tuple[int, ...]]:
+    """The shape of every Hugging Face tensor the model corresponds to, by name (a model on the meta device will do)."""
+    return {
+        theirs: (rows, *_ours(model, ours).shape[1:])
+        for ours, parts in hf_tensor_names(model).items()
+        for theirs, rows in parts
+    }
+
+
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """Our parameters under the Hugging Face names; a tied LM head is left to HF's tying."""
-    model_type, cfg = hf_model_type(model), model.cfg
-    out = {"model.embed_tokens.weight": model.tok_embeddings.weight, "model.norm.weight": _rms(model.final_norm)}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = model.lm_head.weight
-    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    for i, layer in enumerate(model.layers):
-        theirs = f"model.layers.{i}."
-        q, k, v = layer.attn.qkv_proj.weight.split([q_rows, kv_rows, kv_rows])
-        gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
-        out.update(
-            {
-                theirs + "self_attn.q_proj.weight": q,
-                theirs + "self_attn.k_proj.weight": k,
-                theirs + "self_attn.v_proj.weight": v,
-                theirs + "self_attn.o_proj.weight": layer.attn.o_proj.weight,
-                theirs + "mlp.gate_proj.weight": gate,
-                theirs + "mlp.up_proj.weight": up,
-                theirs + "mlp.down_proj.weight": layer.mlp.down_proj.weight,
-            }
-        )
-        for ours, their_name in _BLOCK_NORMS[model_type].items():
-            out[f"{theirs}{their_name}.weight"] = _rms(getattr(layer, ours))
-        if layer.attn.has_qk_norm:
-            out[theirs + "self_attn.q_norm.weight"] = _rms(layer.attn.q_norm)
-            out[theirs + "self_attn.k_norm.weight"] = _rms(layer.attn.k_norm)
+    out = {}
+    for ours, parts in hf_tensor_names(model).items():
+        out.update(zip([theirs for theirs, _ in parts], _ours(model, ours).split([rows for _, rows in parts])))
     return {name: tensor.detach().float().contiguous().clone() for name, tensor in out.items()}
 
 
-def _rms(norm) -> torch.Tensor:
-    return norm.plain_rms_norm_weight()
+@torch.no_grad()
+def load_hf_tensors(model: Transformer, read: Callable[[str], torch.Tensor]) -> None:
+    """Fill ``model``'s parameters with Hugging Face tensors (``hf_state_dict``'s inverse), each read by name when
+    its turn comes, so that one tensor at a time is held beside the model. The caller checks the names and shapes
+    (``hf_tensor_shapes``) first; the model's norms are plain RMSNorms, whose weight is the gain."""
+    for ours, parts in hf_tensor_names(model).items():
+        target = model.get_parameter(ours)
+        for rows, (theirs, _) in zip(target.split([rows for _, rows in parts]), parts):
+            rows.copy_(read(theirs))
+
+
+def _ours(model: Transformer, name: str) -> torch.Tensor:
+    """Our tensor ``name`` as Hugging Face holds it: a norm's weight is the plain RMSNorm gain it equals."""
+    module = model.get_submodule(name.rpartition(".")[0])
+    return module.plain_rms_norm_weight() if isinstance(module, Norm) else model.get_parameter(name)

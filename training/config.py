@@ -176,7 +176,7 @@ _MODEL_CHOICES = {
     "embed_scale": EmbedScale, "init_out_scale": InitOutScale, "attn_gate": AttnGate, "attn_sink": AttnSink,
 }  # fmt: skip
 _MODEL_RULES = {
-    **dict.fromkeys(("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden"), ">= 1"),
+    **dict.fromkeys(("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_size", "mlp_hidden"), ">= 1"),
     **dict.fromkeys(("mlp_multiple_of", "max_seq_len"), ">= 1"),
     **dict.fromkeys(("rope_theta", "init_std", "logit_softcap", "attn_softcap", "residual_scale"), "> 0"),
     "dropout": "in [0, 1)",
@@ -193,7 +193,7 @@ ModelPreset = dataclasses.make_dataclass(
                 metadata={"rule": _MODEL_RULES[f.name]} if f.name in _MODEL_RULES else {},
             )
             if f.default is not dataclasses.MISSING
-            else field(),
+            else field(default_factory=f.default_factory),  # a dict (model.rope_scaling)
         )
         for f in dataclasses.fields(ModelConfig)
         if f.name not in _NORM_GROUP_FIELDS

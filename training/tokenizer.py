@@ -102,10 +102,14 @@ def token_byte_lengths(tokenizer: Tokenizer) -> list[int]:
     """UTF-8 bytes each token stands for, so losses convert to bits per byte.
 
     For a byte-level tokenizer each character of a token's string is one byte; otherwise a
-    token is decoded on its own. Special tokens count zero bytes.
+    token is decoded on its own (a piece of a UTF-8 character then counts as the 3 bytes of U+FFFD).
+    Special tokens count zero bytes.
     """
     specials = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-    byte_level = isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel)
+    # Llama 3's, Qwen's and OLMo 2's byte-level BPE split text first (a Sequence pre-tokenizer): the decoder tells
+    byte_level = isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel) or isinstance(
+        tokenizer.decoder, decoders.ByteLevel
+    )
     lengths = []
     for i in range(tokenizer.get_vocab_size()):
         token = tokenizer.id_to_token(i)
