@@ -8,7 +8,6 @@ inside the run directory and says how to upload it later.
 
 from __future__ import annotations
 
-import errno
 import logging
 import logging.handlers
 import os
@@ -16,7 +15,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from training.errors import NormlabError
 from training.metrics_file import MetricsFile
 from training.run_record import append_resume, write_new_record
 
@@ -102,23 +100,6 @@ class Loggers:
             logger.close()
 
 
-class LogFileHandler(logging.FileHandler):
-    """The run's log file, never opened through a link: a train.log that links elsewhere would have the run
-    append to a file outside its directory."""
-
-    def _open(self):
-        try:
-            fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as err:
-            if err.errno != errno.ELOOP:
-                raise
-            raise NormlabError(
-                f"{self.baseFilename} is a link to {os.readlink(self.baseFilename)}; a run's log is never written "
-                "through a link: remove it and rerun. Nothing was written"
-            ) from None
-        return open(fd, "a", encoding=self.encoding, errors=self.errors)
-
-
 def record_command(cfg, run_dir: Path) -> None:
     """Hydra's record of this command in ``<run dir>/.hydra/`` (config, hydra and overrides), and the log held
     since the start (configs/hydra/job_logging/normlab.yaml) into ``train.log``, which takes every line from now."""
@@ -130,8 +111,9 @@ def record_command(cfg, run_dir: Path) -> None:
     hydra_cfg = HydraConfig.get()
     root = logging.getLogger()
     held = next((h for h in root.handlers if isinstance(h, logging.handlers.MemoryHandler)), None)
-    # The log first: one that cannot be opened refuses the command before anything else is written.
-    file = LogFileHandler(run_dir / f"{hydra_cfg.job.name}.log") if held is not None else None
+    # The log first: one that cannot be opened stops the command before anything else is written. (A run's log
+    # that is a link was refused before anything was written: training/run_record.py check_run_directory.)
+    file = logging.FileHandler(run_dir / f"{hydra_cfg.job.name}.log") if held is not None else None
     record = run_dir / ".hydra"
     record.mkdir(exist_ok=True)
     OmegaConf.save(cfg, record / "config.yaml")
