@@ -109,7 +109,9 @@ def build(name: str, dim: int, device: torch.device, dtype: torch.dtype) -> torc
     return torch.compile(module)
 
 
-def bench_one(fn: Callable, x: torch.Tensor, dy: torch.Tensor, device: torch.device, reps: int) -> dict[str, float]:
+def bench_one(fn: Callable, x: torch.Tensor, dy, device: torch.device, reps: int) -> dict[str, float]:
+    """Seconds of ``fn(x)`` forward, backward and both. ``fn`` may return several tensors (a norm given a residual
+    returns the normalized sum and the sum), ``dy`` then a gradient for each."""
     x = x.detach().requires_grad_()
 
     def forward():
@@ -122,11 +124,11 @@ def bench_one(fn: Callable, x: torch.Tensor, dy: torch.Tensor, device: torch.dev
 
     def forward_backward():
         x.grad = None
-        fn(x).backward(dy)
+        torch.autograd.backward(fn(x), dy)
 
     return {
         "fwd": measure(forward, device, reps),
-        "bwd": measure(lambda y: y.backward(dy), device, reps, setup=forward_with_graph),
+        "bwd": measure(lambda y: torch.autograd.backward(y, dy), device, reps, setup=forward_with_graph),
         "fwd+bwd": measure(forward_backward, device, reps),
     }
 

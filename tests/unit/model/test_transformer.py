@@ -91,6 +91,34 @@ def test_grouped_query_attention_equals_repeated_heads():
     torch.testing.assert_close(gqa(tokens), mha(tokens))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("options", [{}, {"k": 8}], ids=["rmsnorm", "prmsnorm"])
+def test_the_fused_norms_model_matches_the_pytorch_norms_model(device, options, request):
+    """Same weights, same tokens: the Triton kernel gives the logits and gradients of PyTorch's norm, through every
+    block's fused residual add (on a CPU in Triton's interpreter; on a GPU in float32 and in bf16 autocast)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 here (training turns TF32 on)
+    request.addfinalizer(lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", tf32))
+    size = {} if device == "cpu" else dict(vocab_size=4096, d_model=512, n_layers=4, n_heads=8, max_seq_len=256)
+    torch.manual_seed(0)
+    fused = Transformer(tiny(**size, norm="fused_rmsnorm", norm_options=options)).to(device)
+    plain = Transformer(tiny(**size, norm="prmsnorm" if options else "rmsnorm", norm_options=options)).to(device)
+    plain.load_state_dict(fused.state_dict())
+    tokens = torch.randint(0, fused.cfg.vocab_size, (4, fused.cfg.max_seq_len + 1), device=device)
+    # bf16 rounds the norms' float32 outputs before each matmul: a last-bit difference there can flip a rounding.
+    for dtype, tolerance in [(torch.float32, 1e-5), *([(torch.bfloat16, 2e-2)] if device == "cuda" else [])]:
+        results = []
+        for model in (fused, plain):
+            model.zero_grad()
+            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                logits = model(tokens[:, :-1]).float()
+            F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+            results.append({"logits": logits.detach(), **{n: p.grad.clone() for n, p in model.named_parameters()}})
+        for name, expected in results[1].items():
+            error = (results[0][name] - expected).norm() / expected.norm()
+            assert error < tolerance, f"{name} in {dtype}: relative error {error:.2e}"
+
+
 @pytest.mark.parametrize("norm", ["rmsnorm", "fused_rmsnorm"])
 def test_cached_generation_equals_recomputation(norm):
     torch.manual_seed(0)

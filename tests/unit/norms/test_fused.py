@@ -289,14 +289,20 @@ def test_gpu_realistic_sizes(dim, dtype, with_residual):
 
 @pytest.mark.gpu
 def test_gpu_more_than_2_31_elements():
-    """64-bit row offsets: a tensor past 2**31 elements (4.3 GB in bfloat16) indexes correctly."""
+    """64-bit row offsets: a tensor past 2**31 elements (4.3 GB in bfloat16) indexes correctly, forward and backward."""
     dim = 4096
     rows = (2**31) // dim + 8
-    x = torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16)
-    w = torch.ones(dim, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     y = fused_rms_norm(x, w)
-    tail = slice(rows - 8, rows)
-    torch.testing.assert_close(y[tail], partial_rms_norm(x[tail], w, dim), atol=2e-2, rtol=2e-2)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    tail = slice(rows - 8, rows)  # rows past the 2**31st element
+    x_tail = x.detach()[tail].requires_grad_()
+    expected = partial_rms_norm(x_tail, w.detach(), dim)
+    expected.backward(dy[tail])
+    torch.testing.assert_close(y[tail], expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(x.grad[tail], x_tail.grad, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu

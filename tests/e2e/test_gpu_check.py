@@ -1,0 +1,87 @@
+"""scripts/gpu_check.py on a CPU: its dry run takes every stage's code path and writes a well-formed report, so that
+a bug costs CI time rather than a lent GPU's; without a GPU it says so in one line; a stage is stopped when its share
+of the budget runs out, and a failing one is recorded, the next one running either way."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from gpu_check import STAGES, CheckFailed, Stage, run_stage
+from tiny_runs import ROOT
+
+KERNEL_CONTENDERS = {"F.rms_norm", "fused_rmsnorm", "rmsnorm, torch.compile", "F.layer_norm"}
+
+
+def test_the_dry_run_takes_every_stage_and_writes_a_well_formed_report(tmp_path, cache_dir):
+    command = [sys.executable, "scripts/gpu_check.py", "--dry-run", f"--out={tmp_path}", f"data.cache_dir={cache_dir}"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    (path,) = tmp_path.glob("*.json")
+    report = json.loads(path.read_text())
+    meta = report["meta"]
+    assert meta["dry_run"] and meta["torch"] == torch.__version__ and {"device", "driver", "triton"} <= set(meta)
+    assert [stage["name"] for stage in report["stages"]] == [function.__name__ for function, _ in STAGES]
+    for stage in report["stages"]:
+        assert stage["status"] == "ok", stage  # a dry run that fails is a bug found before a GPU is lent
+        assert stage["seconds"] >= 0 and stage["share_s"] > 0 and stage["numbers"], stage["name"]
+        for number in stage["numbers"]:
+            assert isinstance(number["value"], int | float) and math.isfinite(number["value"]), number
+            assert number["unit"] and number["baseline"] and (number["ratio"] is None or math.isfinite(number["ratio"]))
+    numbers = {stage["name"]: {n["name"]: n for n in stage["numbers"]} for stage in report["stages"]}
+    tests = numbers["correctness"]
+    assert tests["tests passed"]["value"] == 1 and tests["tests skipped"]["value"] == 1
+    kernels = [n for n in numbers["kernel_bandwidth"].values() if n["pass"] == "fwd+bwd"]
+    assert KERNEL_CONTENDERS <= {n["impl"] for n in kernels} and all(0 < n["of_copy"] for n in kernels)
+    training = numbers["training"]
+    assert {"tokens/s, hf_llama, eager", "model FLOP/s, fused_rmsnorm", "peak memory, prmsnorm"} <= training.keys()
+    assert numbers["compiled_vs_eager"]["largest relative loss difference over 3 steps"]["ratio"] <= 1
+    assert numbers["distributed"]["norms with float32 parameters, FSDP"]["ratio"] == 1
+    table = path.with_suffix(".md").read_text()
+    assert all(f"## {stage['name']}" in table for stage in report["stages"]) and table in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what it says where there is no GPU")
+def test_without_a_gpu_it_says_so_in_one_line_and_points_at_the_dry_run(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and not result.stdout and not any(tmp_path.iterdir())
+    (line,) = result.stderr.strip().splitlines()
+    assert "needs a CUDA GPU" in line and "--dry-run" in line
+
+
+def _stage(tmp_path, share_s: float) -> Stage:
+    return Stage("a stage", torch.device("cpu"), True, [], tmp_path, time.monotonic() + share_s, share_s)
+
+
+def test_a_stage_out_of_its_share_is_skipped_with_what_it_had_measured(tmp_path):
+    def slow(stage):
+        stage.number("first", 1.0, "s", "none", None)
+        stage.progress = "1 of 3 measured"
+        time.sleep(30)
+
+    started = time.monotonic()
+    record = run_stage(slow, _stage(tmp_path, 0.3))
+    assert time.monotonic() - started < 5
+    assert record["status"] == "skipped" and "ran out (1 of 3 measured)" in record["reason"]
+    assert [n["name"] for n in record["numbers"]] == ["first"]
+    assert run_stage(slow, _stage(tmp_path, -1))["status"] == "skipped"  # an earlier stage overran: never started
+
+
+@pytest.mark.parametrize(
+    "error, line",
+    [
+        (CheckFailed("losses differ by 0.1"), "losses differ by 0.1"),
+        (RuntimeError("CUDA error: an illegal memory access\nmore detail"), "RuntimeError: CUDA error: an illegal"),
+    ],
+)
+def test_a_failing_stage_records_its_error_in_one_line(tmp_path, error, line):
+    def failing(stage):
+        raise error
+
+    record = run_stage(failing, _stage(tmp_path, 10))
+    assert record["status"] == "failed" and record["error"].startswith(line) and "\n" not in record["error"]
