@@ -12,8 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # 5,953 before the core and the lab were parted, 4,543 after; the range check of every config value, the
 # checkpoint as the record of last resort and the data fingerprint brought it to about 4,700; the third part of
-# the design space (HybridNorm, SimpleNorm, QKV-norm, attention gates and sinks, gain folding) to 4,971.
-CORE_LINES = 5000
+# the design space (HybridNorm, SimpleNorm, QKV-norm, attention gates and sinks, gain folding) to 4,971 (4,985
+# with the last review's fixes). Refusing contradictions, run names, unreachable checkpoints and linked run files,
+# one line for Ctrl-C and filesystem errors, and the imported models' head size and RoPE scaling brought it to
+# 5,218; moving the papers' variants out of the core is what should bring it down again.
+CORE_LINES = 5250
 
 RUN = """
 import atexit, json, runpy, sys
