@@ -6,10 +6,16 @@
     python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]   # and quantized
     python eval.py checkpoint=runs/small-rmsnorm-s0 layer_importance=true   # each block's skip delta and angle
     python eval.py checkpoint=runs/small-rmsnorm-s0 fold_gains=true         # the loss with norm gains folded
+    python eval.py checkpoint=runs/llama-3.2-1b 'probe_text="The capital of France is Paris."'  # probe a text
 
 Each quantization scheme (model/quantize.py) evaluates a fake-quantized copy of the model; the
 checkpoint on disk is only read. Its losses land under "quant" with their increase over the float
 model ("delta/val/loss").
+
+Every probe runs on the first validation batch, or on a text of one's own (``probe_text=`` or
+``probe_text_file=``, tokenized by the checkpoint's tokenizer as ``prompt`` is, its special tokens included);
+a table per checkpoint shows where the outliers sit, block by block: the largest activation with its
+feature, position and token, the attention that queries give the first position, the outlier features.
 
 Each run directory carries its config and tokenizer, so nothing else has to be found by hand.
 Results print as a table and are written as eval.json next to each checkpoint (keyed by
@@ -24,6 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -39,8 +46,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from tokenizers import Tokenizer
 
+from analysis.keys import metric_key
 from analysis.probes import STUDY_PROBES
 from analysis.probes.layer_importance import skip_deltas
+from analysis.runs import layer_values
 from model import ModelConfig, Transformer, build_model
 from model.fold import fold_gains
 from model.quantize import QuantizationError, check_schemes, quantized
@@ -57,6 +66,16 @@ from training.runtime import autocast_context, resolve_device, resolve_precision
 from training.sharded_checkpoint import read_checkpoint
 
 log = logging.getLogger("normlab.eval")
+
+# The table of where the outliers sit, block by block: its columns (key as the probes declare it, format)
+OUTLIER_COLUMNS = {
+    "max|h|/median": (metric_key("act/layers.{i}/massive_ratio"), ".1f"),  # Sun et al.'s massive activations
+    "feature": (metric_key("act/layers.{i}/massive_feature"), "d"),
+    "position": (metric_key("act/layers.{i}/massive_position"), "d"),
+    "sink mass": (metric_key("attn/layers.{i}/sink_mass"), ".3f"),  # attention sinks
+    "feature kurtosis": (metric_key("act/layers.{i}/stream_feature_kurtosis"), ".2f"),  # outlier features
+}
+MASSIVE_TOKEN = metric_key("act/layers.{i}/massive_token")  # the last column, as its text
 
 
 # ruff: noqa: UP006, UP045
@@ -83,6 +102,9 @@ class EvalConfig:
     # the loss again with every norm gain folded into the linear layer after it (model/fold.py): equal to float
     # rounding; a model whose gains cannot fold is refused naming the norm
     fold_gains: bool = False
+    # the probes' input instead of the first validation batch: this text, or the text of this file (UTF-8)
+    probe_text: Optional[str] = None
+    probe_text_file: Optional[str] = None
     device: str = "auto"
     precision: Precision = Precision.auto  # type: ignore[valid-type]
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -112,7 +134,54 @@ def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
     return model.to(device).eval()
 
 
-def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> dict:
+class ProbeTextError(NormlabError, ValueError):
+    """A probe text that cannot be probed; the message says why and what to give instead."""
+
+
+def _probe_text_option(cfg: DictConfig) -> str:
+    return "probe_text" if cfg.probe_text is not None else f"probe_text_file={cfg.probe_text_file}"
+
+
+def read_probe_text(cfg: DictConfig) -> str | None:
+    """The text that ``probe_text`` or ``probe_text_file`` gives, or None (the probes read the validation batch);
+    refused before any checkpoint is read when it is empty or cannot be read."""
+    if cfg.probe_text is not None and cfg.probe_text_file is not None:
+        raise ProbeTextError("probe_text and probe_text_file are both given: give one of them")
+    text = cfg.probe_text
+    if cfg.probe_text_file is not None:
+        try:
+            text = Path(cfg.probe_text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ProbeTextError(
+                f"probe_text_file={cfg.probe_text_file} cannot be read ({err}): give a UTF-8 text file"
+            ) from None
+    if text is not None and not text.strip():
+        raise ProbeTextError(
+            f"{_probe_text_option(cfg)} is empty: give the text to probe, e.g. 'probe_text=\"In the beginning\"'"
+        )
+    return text
+
+
+def probe_batch(cfg: DictConfig, text: str, tokenizer: Tokenizer, context: int) -> torch.Tensor:
+    """``text`` as one row of the checkpoint's tokens, as the prompt is read (a BOS its tokenizer adds included),
+    refused where the probes cannot read it: attention to the first position is measured from the second, and
+    the model has no position beyond its context."""
+    ids = tokenizer.encode(text).ids
+    if len(ids) < 2:
+        raise ProbeTextError(
+            f"{_probe_text_option(cfg)} is {len(ids)} token{'' if len(ids) == 1 else 's'} with this checkpoint's "
+            "tokenizer; the probes need 2 or more (attention to the first position is measured from the second): "
+            "give a longer text"
+        )
+    if len(ids) > context:
+        raise ProbeTextError(
+            f"{_probe_text_option(cfg)} is {len(ids)} tokens with this checkpoint's tokenizer, more than the "
+            f"model's context of {context}: shorten it to at most {context} tokens"
+        )
+    return torch.tensor([ids])
+
+
+def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device, probe_text: str | None = None) -> dict:
     source, state = read_checkpoint(path)  # sharded (train.parallel=fsdp) too, read whole in this one process
     model = load_model(state, source, device)
     folded_model = None
@@ -132,10 +201,19 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
     seq_len = run_cfg["train"]["seq_len"] or model.cfg.max_seq_len
     tokenizer = Tokenizer.from_str(state["tokenizer"])
     val, token_bytes, fingerprint = build_validation(data_cfg, seq_len, tokenizer)
+    if probe_text is None:
+        probed = val[: cfg.batch_size, :-1]
+    else:
+        probed = probe_batch(cfg, probe_text, tokenizer, model.cfg.max_seq_len)
 
     metrics = evaluate(model, val, token_bytes, cfg.batch_size, device, autocast)
     every_probe = [resolve_probe(name) for name in (*PROBES, *STUDY_PROBES)]
-    metrics.update(run_probes(model, val[: cfg.batch_size, :-1].to(device), autocast, every_probe))
+    metrics.update(run_probes(model, probed.to(device), autocast, every_probe))
+    # the text of each token that carries a block's largest activation, as the tokenizer writes it alone
+    token_text = {
+        str(token): tokenizer.decode([token], skip_special_tokens=False)
+        for token in layer_values(metrics, MASSIVE_TOKEN)
+    }
     importance = {}
     if cfg.layer_importance:
         importance = {
@@ -175,7 +253,9 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
         "data": data_cfg.name,
         "data_fingerprint": fingerprint,  # the validation split's text and the tokenizer that read it
         "val_windows": int(val.shape[0]),
+        **({"probe_text": probe_text} if probe_text is not None else {}),
         **metrics,
+        "token_text": token_text,
         **({"quant": quant} if quant else {}),
         **({"layer_importance": importance} if importance else {}),
         **({"fold_gains": folded} if folded else {}),
@@ -184,11 +264,15 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device) -> di
 
 
 def entry_key(result: dict) -> str:
-    """An evaluation's key in eval.json: what it measured (the checkpoint, the data and the windows), so that
-    evaluating on other data adds an entry beside the run's own and never replaces it."""
-    return (
+    """An evaluation's key in eval.json: what it measured (the checkpoint, the data and the windows, and the text
+    the probes read when it was not the validation batch), so that evaluating on other data or probing another
+    text adds an entry beside the run's own and never replaces it."""
+    key = (
         f"{result['checkpoint']} | data {result['data']} {result['data_fingerprint']} | {result['val_windows']} windows"
     )
+    if "probe_text" in result:
+        key += f" | probes on text {hashlib.sha256(result['probe_text'].encode()).hexdigest()[:12]}"
+    return key
 
 
 def merged(old: dict | None, new: dict) -> dict:
@@ -261,10 +345,34 @@ def _print_table(results: dict[str, dict]) -> None:
             print(f"{'block':>7} {'skip delta':>11} {'angular distance':>17}")
             for i, (delta, angle) in enumerate(zip(importance["skip_delta"], importance["angular_distance"])):
                 print(f"{i:>7} {delta:>+11.4f} {angle:>17.4f}")
+    for r in results.values():
+        _print_outliers(r)
     for key, r in results.items():
         print(f"\nsamples from {key}:")
         for sample in r["samples"]:
             print(f"  {sample!r}")
+
+
+def _print_outliers(result: dict) -> None:
+    """Where the outliers sit, block by block (OUTLIER_COLUMNS) and the largest of them with its token."""
+    columns = {name: layer_values(result, template) for name, (template, _) in OUTLIER_COLUMNS.items()}
+    tokens = [repr(result["token_text"][str(token)]) for token in layer_values(result, MASSIVE_TOKEN)]
+    ratios = columns["max|h|/median"]
+    top = max(range(len(ratios)), key=ratios.__getitem__)
+    probed = "probe_text" if "probe_text" in result else "the first validation batch"
+    print(f"\noutliers of {result['checkpoint']}, probed on {probed}:")
+    print(
+        f"the largest activation: {ratios[top]:.1f} x the median |h|, leaving block {top}, feature "
+        f"{columns['feature'][top]}, position {columns['position'][top]}, token {tokens[top]}"
+    )
+    print(f"{'block':>7}  " + "  ".join(columns) + "  token")
+    for i, token in enumerate(tokens):
+        cells = (format(columns[name][i], f">{len(name)}{spec}") for name, (_, spec) in OUTLIER_COLUMNS.items())
+        print(f"{i:>7}  " + "  ".join(cells) + f"  {token}")
+    print(
+        "max|h|/median: massive activations (Sun et al. 2024); sink mass: the mean attention on position 0; "
+        "feature kurtosis: of the stream's per-feature RMS (3: no outlier feature)"
+    )
 
 
 def checkpoint_paths(checkpoint) -> list[Path]:
@@ -291,11 +399,12 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
         )
     check_values(cfg, EvalConfig)  # every sampling and evaluation option in its range, before any work
     check_schemes(cfg.quant)  # before any checkpoint is read
+    probe_text = read_probe_text(cfg)
     paths = checkpoint_paths(cfg.checkpoint)
     device = resolve_device(cfg.device)
     results, not_written = {}, []
     for path in paths:
-        result = evaluate_checkpoint(cfg, path, device)
+        result = evaluate_checkpoint(cfg, path, device, probe_text)
         results[entry_key(result)] = result
         not_written.append(_save(eval_json_beside(Path(result["checkpoint"])), {entry_key(result): result}))
     _print_table(results)  # before the output directory: results that cannot be saved are at least seen

@@ -47,6 +47,12 @@ SCHEMES = ("w8a8", "w8a8_tensor", "w4a16", "fp8")
 PER_TENSOR = "w8a8_tensor"  # where a few outlier features coarsen every feature's grid
 POSITIVE_CONTROL = "prmsnorm"
 EVAL_COMMAND = "python eval.py 'checkpoint=<runs>/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]"
+# Why a model imported by scripts/import_hf.py is no point of the report: its losses are per token of another
+# tokenizer, after another training; eval.py shows its outliers by themselves
+IMPORTED = (
+    "imported, not trained from scratch here: the report compares norm choices trained alike; "
+    "eval.py prints an imported model's outliers block by block"
+)
 
 
 @dataclass
@@ -82,8 +88,13 @@ def _last_eval(run: Run) -> dict | None:
 
 def load_points(inputs: list[str]) -> tuple[list[Point], list[str]]:
     runs, skipped = load_runs(inputs)
+    if runs and all(run.imported_from for run in runs):
+        raise RunsError(f"every run under {', '.join(inputs)} was {IMPORTED}")
     points = []
     for run in runs:
+        if run.imported_from:
+            skipped.append(f"{run.path}: {IMPORTED}")
+            continue
         result = _last_eval(run)
         if result is None:
             skipped.append(f"{run.path}: no quantized evaluation on its own data in eval.json; run {EVAL_COMMAND}")

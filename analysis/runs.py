@@ -1,7 +1,9 @@
 """Run directories as ``Run`` objects: their config, their metrics rows, their status, their groups.
 
 A run directory holds the config.yaml, metrics.jsonl and tokenizer.json that train.py writes;
-a sweep directory holds run directories (at any depth).
+a sweep directory holds run directories (at any depth). A model imported by scripts/import_hf.py
+(``runtime.imported_from`` in its config) has no metrics until it trains: its one row is what eval.py
+measured at step 0 (its eval.json).
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class Run:
         points = self.series(key)
         return statistics.median(v for _, v in points) if points else None
 
+    @property
+    def imported_from(self) -> dict | None:
+        """The folder, architecture and dtype of a model imported by scripts/import_hf.py; None for one trained here."""
+        return (self.config.get("runtime") or {}).get("imported_from")
+
     def by_layer(self, template: str, step: int | None = None) -> list[float]:
         """``template`` (e.g. ``act/layers.{i}/stream_rms``) for layers 0, 1, ..., from the last row that
         logged layer 0 at or before ``step`` (default: the last such row)."""
@@ -87,6 +94,8 @@ class Run:
         step = self.rows[-1].get("step", 0)
         if self.diverged_at is not None:
             return f"diverged at step {step}"
+        if self.imported_from and step == 0:
+            return f"imported ({self.imported_from.get('architecture')}), not trained here"
         max_steps = self.config.get("train", {}).get("max_steps")
         return "finished" if step == max_steps else f"step {step} of {max_steps} (still training, or stopped)"
 
@@ -100,12 +109,6 @@ def layer_values(row: dict, template: str) -> list[float]:
 
 
 def load_run(path: Path) -> Run:
-    try:
-        metrics = read_metrics(path / "metrics.jsonl")
-    except MetricsFileError as err:
-        raise RunsError(str(err)) from None
-    if not metrics.rows:
-        raise RunsError(f"run {path} has no metrics (metrics.jsonl is missing or empty); did its training start?")
     tokenizer = path / "tokenizer.json"
     digest = hashlib.sha256(tokenizer.read_bytes()).hexdigest() if tokenizer.exists() else "unknown"
     try:
@@ -115,7 +118,34 @@ def load_run(path: Path) -> Run:
     if not isinstance(config, dict) or not isinstance(config.get("norm"), dict):
         raise RunsError(f"{path}/config.yaml is not a run record (no norm section); the run is left out")
     config.setdefault("variant", config["norm"]["name"])  # runs from before placements: the norm was the variant
-    return Run(path, config, metrics.rows, digest, metrics.torn_tail)
+    run = Run(path, config, [], digest)
+    if run.imported_from and not (path / "metrics.jsonl").exists():
+        run.rows = _evaluated_rows(run)
+        return run
+    try:
+        metrics = read_metrics(path / "metrics.jsonl")
+    except MetricsFileError as err:
+        raise RunsError(str(err)) from None
+    if not metrics.rows:
+        raise RunsError(f"run {path} has no metrics (metrics.jsonl is missing or empty); did its training start?")
+    run.rows, run.torn_tail = metrics.rows, metrics.torn_tail
+    return run
+
+
+def _evaluated_rows(run: Run) -> list[dict]:
+    """An imported run's one row: the numbers of its newest evaluation on its own data, as a metrics row."""
+    try:
+        evaluation = latest_eval(run)
+    except (OSError, ValueError) as err:  # a damaged or unreadable eval.json
+        raise RunsError(
+            f"{run.path}/eval.json cannot be read ({type(err).__name__}: {err}); the run is left out"
+        ) from None
+    if evaluation is None:
+        raise RunsError(
+            f"{run.path} was imported ({run.imported_from.get('architecture')}) and has no evaluation on its own data "
+            f"yet: run python eval.py checkpoint={run.path}"
+        )
+    return [{key: value for key, value in evaluation.items() if isinstance(value, (int, float))}]
 
 
 def find_runs(inputs: list[str]) -> list[Run]:
@@ -224,12 +254,13 @@ def on_own_data(entry: dict, run: Run) -> bool:
 
 def latest_eval(run: Run) -> dict | None:
     """The newest checkpoint's entry in the run's eval.json (what eval.py wrote) on the run's own data, or None:
-    an evaluation on another corpus or window count sits beside it and is never read as the run's."""
+    an evaluation on another corpus or window count sits beside it and is never read as the run's. Of two
+    entries of one checkpoint, the one whose probes read the validation batch (not a ``probe_text``) is read."""
     path = run.path / "eval.json"
     if not path.is_file():
         return None
     entries = [e for e in json.loads(path.read_text()).values() if on_own_data(e, run)]
-    return max(entries, key=lambda e: e["step"], default=None)
+    return max(entries, key=lambda e: (e["step"], "probe_text" not in e), default=None)
 
 
 def default_baseline(groups) -> str:

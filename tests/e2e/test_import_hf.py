@@ -1,6 +1,10 @@
 """scripts/import_hf.py: Hugging Face Llama, Qwen3 and OLMo 2 models, built here from configs with random weights,
-become run directories that compute transformers' logits and that eval.py, export_hf.py and train.py read."""
+become run directories that compute transformers' logits and that eval.py (its probes on a text of one's own too),
+export_hf.py, train.py and the readers (analysis.runs, the explorer, the outliers report) read."""
 
+import contextlib
+import hashlib
+import io
 import json
 import re
 import shutil
@@ -13,13 +17,19 @@ from export_hf import main as export_hf
 from hydra import compose, initialize_config_dir
 from import_hf import import_hf as import_folder
 from import_hf import main as import_hf
+from test_explorer import run_notebook
 from tiny_runs import CONFIG_DIR, read_metrics, train_here
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import eval as eval_script
+from analysis.outliers_report import MASSIVE
+from analysis.outliers_report import write_report as write_outliers_report
+from analysis.probes import STUDY_PROBES
+from analysis.runs import RunsError, load_run
 from model import ModelConfig, Transformer
 from training.checkpoint import list_checkpoints, load_checkpoint
 from training.data import build_validation
+from training.probes import PROBES, resolve_probe, run_probes
 from training.tokenizer import token_byte_lengths
 
 transformers = pytest.importorskip("transformers")
@@ -304,3 +314,109 @@ def test_train_resumes_the_imported_run_as_a_fine_tune(imported_llama, cache_dir
     (resume,) = yaml.safe_load((run / "config.yaml").read_text())["resumes"]
     assert resume["step"] == 0 and resume["checkpoint"].endswith("checkpoints/step_0000000.pt")
     assert [row["step"] for row in read_metrics(run) if "train/loss" in row] == [1, 2]
+
+
+PROBE_TEXT = "In the beginning God created the heaven and the earth."
+
+
+def eval_run(run, cache_dir, out_dir, *overrides) -> dict:
+    """eval.py on ``run``'s own validation windows (kjv's, with the test's token cache); its one result."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(
+            "eval",
+            overrides=[f"checkpoint={run}", "data=kjv", f"data.cache_dir={cache_dir}", "num_samples=1", *overrides],
+        )
+    (result,) = eval_script.run_eval(cfg, out_dir).values()
+    return result
+
+
+@pytest.fixture(scope="module")
+def probed_llama(imported_llama, cache_dir, tmp_path_factory):
+    """A copy of the imported run, evaluated with every probe on PROBE_TEXT (and quantized): the run, the result
+    and what eval.py printed."""
+    run = tmp_path_factory.mktemp("probed") / "run"
+    shutil.copytree(imported_llama[0], run, ignore=shutil.ignore_patterns("eval.json"))  # another test's evaluation
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        result = eval_run(run, cache_dir, tmp_path_factory.mktemp("eval"), f"probe_text='{PROBE_TEXT}'", "quant=[w8a8]")
+    return run, result, printed.getvalue()
+
+
+def test_eval_probes_a_chosen_text_and_prints_where_the_outliers_sit(probed_llama):
+    run, result, printed = probed_llama
+    tokenizer = Tokenizer.from_file(str(run / "tokenizer.json"))
+    ids = tokenizer.encode(PROBE_TEXT).ids
+    every_probe = [resolve_probe(name) for name in (*PROBES, *STUDY_PROBES)]
+    by_hand = run_probes(our_model(run), torch.tensor([ids]), contextlib.nullcontext(), every_probe)
+    probed = {key: value for key, value in result.items() if key in by_hand and not key.startswith("perf/")}
+    assert probed == pytest.approx({key: by_hand[key] for key in probed})  # the text's tokens, not the val batch's
+    assert result["probe_text"] == PROBE_TEXT
+
+    layers = range(SHAPE["num_hidden_layers"])
+    ratios = [result[f"act/layers.{i}/massive_ratio"] for i in layers]
+    top = max(layers, key=ratios.__getitem__)
+    position = result[f"act/layers.{top}/massive_position"]
+    token = tokenizer.decode([ids[position]])  # the text's token where the largest activation sits
+    assert result["token_text"][str(result[f"act/layers.{top}/massive_token"])] == token
+    assert (
+        f"the largest activation: {ratios[top]:.1f} x the median |h|, leaving block {top}, feature "
+        f"{result[f'act/layers.{top}/massive_feature']}, position {position}, token {token!r}" in printed
+    )
+    table = printed.split("  block  max|h|/median  feature  position  sink mass  feature kurtosis  token\n")[1]
+    for i, line in zip(layers, table.splitlines()):
+        assert line.split()[:6] == [
+            str(i),
+            f"{ratios[i]:.1f}",
+            str(result[f"act/layers.{i}/massive_feature"]),
+            str(result[f"act/layers.{i}/massive_position"]),
+            f"{result[f'attn/layers.{i}/sink_mass']:.3f}",
+            f"{result[f'act/layers.{i}/stream_feature_kurtosis']:.2f}",
+        ]
+    (key,) = json.loads((run / "eval.json").read_text())
+    assert key.endswith("| 64 windows | probes on text " + hashlib.sha256(PROBE_TEXT.encode()).hexdigest()[:12])
+
+
+PROBE_TEXT_REFUSALS = {
+    "empty": (["probe_text=' '"], r"^probe_text is empty: give the text to probe"),
+    "one token": (["probe_text=In"], r"^probe_text is 1 token with this checkpoint's tokenizer; the probes need 2"),
+    "past the context": (
+        ["probe_text_file={long}"],
+        r"^probe_text_file=.*long.txt is \d+ tokens with this checkpoint's tokenizer, more than the model's context "
+        r"of 64: shorten it to at most 64 tokens$",
+    ),
+    "both": (["probe_text=In", "probe_text_file={long}"], "^probe_text and probe_text_file are both given"),
+}
+
+
+@pytest.mark.parametrize("case", PROBE_TEXT_REFUSALS)
+def test_a_text_the_probes_cannot_read_is_refused_in_one_line(imported_llama, cache_dir, tmp_path, case):
+    overrides, message = PROBE_TEXT_REFUSALS[case]
+    (tmp_path / "long.txt").write_text(PROBE_TEXT * 10)
+    with pytest.raises(eval_script.ProbeTextError, match=message) as refused:
+        eval_run(
+            imported_llama[0], cache_dir, tmp_path / "out", *(o.format(long=tmp_path / "long.txt") for o in overrides)
+        )
+    assert "\n" not in str(refused.value) and not (tmp_path / "out").exists()
+
+
+def test_readers_show_an_imported_run_from_its_evaluation(probed_llama, cache_dir, tmp_path, monkeypatch):
+    """load_run reads an imported run (no metrics.jsonl) from eval.json, the entry whose probes read the validation
+    batch where there is one; the explorer shows it and the outliers report says why it leaves it out."""
+    run = shutil.copytree(probed_llama[0], tmp_path / "runs" / "llama")
+    loaded = load_run(run)
+    assert loaded.status() == "imported (LlamaForCausalLM), not trained here"
+    (row,) = loaded.rows
+    assert row["step"] == 0 and row["val/loss"] == probed_llama[1]["val/loss"]
+    assert loaded.by_layer(MASSIVE) == [probed_llama[1][MASSIVE.format(i=i)] for i in range(2)]
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        plain = eval_run(run, cache_dir, tmp_path / "eval")  # the validation batch's probes, beside the text's
+    assert len(json.loads((run / "eval.json").read_text())) == 2
+    assert load_run(run).by_layer(MASSIVE) == [plain[MASSIVE.format(i=i)] for i in range(2)] != loaded.by_layer(MASSIVE)
+
+    page, defs = run_notebook(monkeypatch, "--runs", tmp_path / "runs")
+    assert [r.path for r in defs["runs"]] == [run] and "llama: imported (LlamaForCausalLM), not trained here" in page
+    panels = [list(trace.y) for trace in defs["layers_figure"].data]  # one trace a panel: the run's
+    assert panels == [load_run(run).by_layer(key) for key in defs["LAYER_PANELS"].values()]
+
+    with pytest.raises(RunsError, match=r"^every run under .* was imported, not trained from scratch here"):
+        write_outliers_report([str(tmp_path / "runs")], tmp_path / "report")

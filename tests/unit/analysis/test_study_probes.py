@@ -24,14 +24,15 @@ def _probe(model, tokens):
     return run_probes(model, tokens, contextlib.nullcontext(), STUDY)
 
 
-def test_a_planted_massive_activation_is_found_at_its_position_and_feature():
+def test_a_planted_massive_activation_is_found_at_its_position_feature_and_token():
     torch.manual_seed(0)
     h = torch.randn(2, 16, 32)
     h[1, 5, 17] = -2000.0
-    stats = massive_stats(h)
-    assert (stats["position"], stats["feature"]) == (5, 17)
+    tokens = torch.arange(32).reshape(2, 16)  # the token of row 1, position 5 is 21; row 0's there is 5
+    stats = massive_stats(h, tokens)
+    assert (stats["position"], stats["feature"], stats["token"]) == (5, 17, 21)
     assert stats["ratio"] == pytest.approx(2000.0 / h.abs().median().item())
-    assert massive_stats(torch.randn(4, 64, 64))["ratio"] < 10  # a Gaussian: about 4-5
+    assert massive_stats(torch.randn(4, 64, 64), torch.zeros(4, 64, dtype=torch.long))["ratio"] < 10  # Gaussian: 4-5
 
 
 def test_sink_mass_of_a_hand_made_attention_pattern():
@@ -49,10 +50,12 @@ def test_sink_mass_of_a_hand_made_attention_pattern():
 def test_the_probe_pass_reports_sinks_and_massive_activations_per_layer():
     torch.manual_seed(0)
     model = Transformer(tiny())
-    metrics = _probe(model, torch.randint(0, 97, (2, 12)))
+    tokens = torch.randint(0, 97, (2, 12))
+    metrics = _probe(model, tokens)
     for i in range(2):
         assert 0 <= metrics[f"attn/layers.{i}/sink_mass"] <= 1 and 0 <= metrics[f"attn/layers.{i}/sink_heads"] <= 1
         assert metrics[f"act/layers.{i}/massive_ratio"] >= 1 and 0 <= metrics[f"act/layers.{i}/massive_position"] < 12
+        assert metrics[f"act/layers.{i}/massive_token"] in tokens  # one of the pass's own tokens
 
 
 def test_angular_distance_by_hand():
