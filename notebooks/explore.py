@@ -36,6 +36,7 @@ def _():
     from analysis.compare_runs import SUMMARY_NOTE, summary_table
     from analysis.keys import metric_key
     from analysis.norm_properties import invariance_table, prefix_rms_error, registered_norms
+    from analysis.probes import STUDY_PROBES
     from analysis.runs import (
         SWEPT,
         RunsError,
@@ -46,6 +47,7 @@ def _():
         load_run,
         loss_ceiling,
     )
+    from training.probes import PROBES, resolve_probe
 
     LAYER_PANELS = {
         "residual-stream RMS": metric_key("act/layers.{i}/stream_rms"),
@@ -54,12 +56,18 @@ def _():
         "massive-activation ratio": metric_key("act/layers.{i}/massive_ratio"),
         "attention-sink mass": metric_key("attn/layers.{i}/sink_mass"),
     }
+    # The train.probes entry that logs each panel: the one whose probe declares its key (a core probe by name).
+    PANEL_PROBES = {
+        title: next(name for name in (*PROBES, *STUDY_PROBES) if key in resolve_probe(name).keys)
+        for title, key in LAYER_PANELS.items()
+    }
 
     ARGS = mo.cli_args()
     return (
         ARGS,
         IMPLEMENTATIONS,
         LAYER_PANELS,
+        PANEL_PROBES,
         SWEPT,
         Path,
         ROOT,
@@ -453,7 +461,28 @@ def _(LAYER_PANELS, mo, selected_runs):
 
 
 @app.cell
-def _(LAYER_PANELS, go, group_colors, make_subplots, mo, run_groups, step_slider):
+def _(LAYER_PANELS, PANEL_PROBES):
+    def panel_gap(title, runs_without, selected):
+        """One line for a panel that some of the ``selected`` runs did not log: which, and what would log it."""
+        # An imported model's one row is its eval.json (it has no metrics until it trains): eval.py runs every probe.
+        evaluated = [r for r in runs_without if r.imported_from and not (r.path / "metrics.jsonl").exists()]
+        fixes = []
+        if len(evaluated) < len(runs_without):
+            fixes.append(f"train with `{PANEL_PROBES[title]}` in `train.probes`")
+        if evaluated:
+            fixes.append("evaluate an imported model with `python eval.py checkpoint=<run>`")
+        names = [f"`{r.path.name}`" for r in runs_without]
+        if len(runs_without) == len(selected):
+            who = "no selected run logged it"
+        else:
+            who = "not logged by " + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return f"**{title}** (`{LAYER_PANELS[title]}`): {who}; {' or '.join(fixes)}."
+
+    return (panel_gap,)
+
+
+@app.cell
+def _(LAYER_PANELS, go, group_colors, make_subplots, mo, panel_gap, run_groups, step_slider):
     mo.stop(step_slider is None)
 
     _panels = LAYER_PANELS
@@ -477,13 +506,37 @@ def _(LAYER_PANELS, go, group_colors, make_subplots, mo, run_groups, step_slider
                     row=_row,
                     col=_col,
                 )
+    _selected = [r for _runs in run_groups.values() for r in _runs]
+    panel_gaps = {}
+    for _i, (_title, _stat) in enumerate(_panels.items()):
+        _without = [r for r in _selected if not r.by_layer(_stat)]
+        if _without:
+            panel_gaps[_title] = panel_gap(_title, _without, _selected)
+        if len(_without) == len(_selected):  # an empty panel says why, not only its axes
+            layers_figure.add_annotation(
+                text="not logged: see below",
+                xref="x domain",
+                yref="y domain",
+                x=0.5,
+                y=0.5,
+                showarrow=False,
+                row=_i // _cols + 1,
+                col=_i % _cols + 1,
+            )
     layers_figure.update_yaxes(type="log")
     layers_figure.update_xaxes(title="layer")
     layers_figure.update_layout(
         height=380 * _rows, title=f"per layer at step {step_slider.value} (the last logged at or before)"
     )
-    layers_figure
-    return
+    mo.vstack(
+        [
+            mo.as_html(layers_figure),
+            mo.callout(mo.md("\n".join(f"- {gap}" for gap in panel_gaps.values())), kind="info")
+            if panel_gaps
+            else mo.md(""),
+        ]
+    )
+    return (panel_gaps,)
 
 
 @app.cell

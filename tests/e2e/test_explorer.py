@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from screenshot_explorer import find_chromium, open_page, serve_explorer, wait_for_plots
 from tiny_runs import ROOT, read_metrics
 
@@ -58,6 +59,42 @@ def test_the_runs_section_shows_what_the_runs_logged(sweep, monkeypatch):
     # The summary is compare_runs' table: layernorm against rmsnorm paired over their two seeds.
     assert (
         "layernorm 2 0, 1" in page and "paired t, seeds 0, 1" in page and "Welch" not in page.split("Final metric")[0]
+    )
+
+
+def test_panels_the_default_probes_leave_empty_name_the_probe_that_logs_them(sweep, monkeypatch):
+    page, defs = run_notebook(monkeypatch, "--runs", sweep)
+    assert defs["panel_gaps"] == {
+        "largest attention logit": "**largest attention logit** (`attn/layers.{i}/max_logit`): no selected run "
+        "logged it; train with `attention` in `train.probes`.",
+        "massive-activation ratio": "**massive-activation ratio** (`act/layers.{i}/massive_ratio`): no selected run "
+        "logged it; train with `analysis.probes.massive:MassiveActivations` in `train.probes`.",
+        "attention-sink mass": "**attention-sink mass** (`attn/layers.{i}/sink_mass`): no selected run logged it; "
+        "train with `analysis.probes.attention_sinks:AttentionSinks` in `train.probes`.",
+    }
+    assert "no selected run logged it; train with analysis.probes.massive:MassiveActivations in train.probes" in page
+    notes = [a.text for a in defs["layers_figure"].layout.annotations if a.text == "not logged: see below"]
+    assert len(notes) == 3  # in each empty panel itself
+
+
+def test_a_panel_some_runs_lack_names_them_and_an_imported_model_is_sent_to_eval(sweep, monkeypatch, tmp_path):
+    shutil.copytree(sweep / "rmsnorm-s0", tmp_path / "rmsnorm-s0")
+    imported = shutil.copytree(sweep / "layernorm-s0", tmp_path / "imported")
+    config = yaml.safe_load((imported / "config.yaml").read_text())
+    config["runtime"]["imported_from"] = {"architecture": "LlamaForCausalLM"}
+    (imported / "config.yaml").write_text(yaml.safe_dump(config))
+    last = [r for r in read_metrics(imported) if "act/layers.0/stream_rms" in r][-1]
+    (imported / "metrics.jsonl").unlink()
+    evaluation = {**last, "step": 0, "data": config["data"]["name"], "attn/layers.0/max_logit": 2.0}
+    (imported / "eval.json").write_text(json.dumps({"step 0": evaluation}))  # written before the study probes
+
+    page, defs = run_notebook(monkeypatch, "--runs", tmp_path)
+    gaps = defs["panel_gaps"]
+    assert set(gaps) == {"largest attention logit", "massive-activation ratio", "attention-sink mass"}
+    assert "not logged by `rmsnorm-s0`; train with `attention` in `train.probes`." in gaps["largest attention logit"]
+    assert gaps["attention-sink mass"].endswith(
+        "no selected run logged it; train with `analysis.probes.attention_sinks:AttentionSinks` in `train.probes` "
+        "or evaluate an imported model with `python eval.py checkpoint=<run>`."
     )
 
 
