@@ -290,6 +290,9 @@ class TrainConfig:
         600.0, "> 0"
     )  # a collective (or the rendezvous) waiting longer than this fails the run
     parallel: Parallel = Parallel.ddp  # type: ignore[valid-type]  # ddp (whole copies) | fsdp (FSDP2: each process holds a shard)
+    # a run directory or checkpoint whose weights (those of matching name and shape) and tokenizer a new run starts
+    # from: a fine-tune, or a norm swap (training/init_from.py)
+    init_from: Optional[str] = None
 
 
 @dataclass

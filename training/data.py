@@ -46,10 +46,11 @@ def _validation(val_split, tokenizer: Tokenizer, data_cfg, seq_len: int, cache_d
     return windows, torch.tensor(token_byte_lengths(tokenizer), dtype=torch.float64), heldout
 
 
-def build_data(data_cfg, seq_len: int, global_batch: int, seed: int) -> Data:
+def build_data(data_cfg, seq_len: int, global_batch: int, seed: int, tokenizer: Tokenizer | None = None) -> Data:
+    """``tokenizer``: a given one (train.init_from's source's) instead of the one ``data.tokenizer`` names."""
     cache_dir = _cache_dir(data_cfg)
     train_split, val_split = load_splits(data_cfg)
-    tokenizer = get_tokenizer(data_cfg, train_split, cache_dir)
+    tokenizer = tokenizer or get_tokenizer(data_cfg, train_split, cache_dir)
     train_tokens = token_array(train_split, tokenizer, cache_dir, f"{data_cfg.name}-train")
     val, token_bytes, heldout = _validation(val_split, tokenizer, data_cfg, seq_len, cache_dir)
     batches = TrainBatches(train_tokens, seq_len, global_batch, seed)

@@ -164,11 +164,11 @@ def configure_device(device: torch.device) -> None:
         flush_denormals()
 
 
-def load_data(cfg: DictConfig, settings: RunSettings, dist: Distributed) -> Data:
+def load_data(cfg: DictConfig, settings: RunSettings, dist: Distributed, tokenizer=None) -> Data:
     """Each node's first process fills the caches (tokenizer, token arrays); the others then read them."""
     if dist.local_rank != 0:
         dist.barrier()
-    data = build_data(cfg.data, settings.seq_len, settings.global_batch, cfg.seed)
+    data = build_data(cfg.data, settings.seq_len, settings.global_batch, cfg.seed, tokenizer)
     if dist.local_rank == 0:
         dist.barrier()
     return data
@@ -260,10 +260,18 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
         logged = max((row["step"] for row in rows), default=0)
         tcfg = cfg.train
         check_reachable(run_dir, logged, min(tcfg.checkpoint_every, tcfg.max_steps), tcfg.max_steps)
-    data = load_data(cfg, settings, dist)
+    source = init_record = None
+    if cfg.train.init_from:  # a new run from another's weights, on its tokenizer (training/init_from.py)
+        from training.init_from import load_weights, read_source
+
+        source = read_source(cfg, run_dir)
+    data = load_data(cfg, settings, dist, source and source.tokenizer)
     if resume_entry is not None:
         check_same_data(resume_entry, data.fingerprint, run_dir)
     model, model_cfg = seeded_model(cfg, data, device)
+    if source is not None and source.state is not None:  # before the hooks, which may set the model up
+        init_record = load_weights(model, source)
+        source = None  # the source's tensors are freed
     hooks = post_step_hooks(model, cfg.train, dist)  # before compiling and sharding: a hook may set the model up
     use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
     if cfg.train.parallel == "fsdp":  # in place, the blocks compiled first when compiling (training/fsdp.py)
@@ -281,6 +289,8 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
         return None
     peak = peak_flops(device, settings.precision, cfg.train.peak_flops)
     runtime = runtime_record(model, settings, device, dist, use_compile, peak, optimizer, data.fingerprint)
+    if init_record is not None:
+        runtime["init_from"] = init_record
     run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
     loggers = Loggers([])
     if dist.is_main:
