@@ -259,7 +259,10 @@ def latest_eval(run: Run) -> dict | None:
     path = run.path / "eval.json"
     if not path.is_file():
         return None
-    entries = [e for e in json.loads(path.read_text()).values() if on_own_data(e, run)]
+    evaluations = json.loads(path.read_text())
+    if not isinstance(evaluations, dict) or not all(isinstance(e, dict) for e in evaluations.values()):
+        raise ValueError("it holds no evaluations (a JSON object of objects, as eval.py writes)")
+    entries = [e for e in evaluations.values() if on_own_data(e, run)]
     return max(entries, key=lambda e: (e["step"], "probe_text" not in e), default=None)
 
 

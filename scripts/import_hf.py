@@ -62,6 +62,10 @@ def read_config(folder: Path) -> tuple[dict, ModelConfig]:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ImportRefused(f"cannot read {path} ({err}): give a Hugging Face model folder") from None
+    if not isinstance(config, dict):
+        raise ImportRefused(
+            f"{path} holds a JSON {type(config).__name__}, not a model config: give a Hugging Face model folder"
+        )
     try:
         return config, hf_model_config(config)
     except ValueError as err:
@@ -140,6 +144,8 @@ def _pickled(path: Path) -> dict:
             f"cannot read {path} as tensors only ({(named or lines or [type(err).__name__])[0]}); unpickling "
             "more could run code: convert the model to safetensors where you trust it"
         ) from None
+    if not isinstance(state, dict) or not all(isinstance(tensor, torch.Tensor) for tensor in state.values()):
+        raise ImportRefused(f"{path} holds no state dict (names to tensors): give the model's weights")
     return {name: (tuple(tensor.shape), lambda tensor=tensor: tensor) for name, tensor in state.items()}
 
 
@@ -292,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides, problem = import_hf(args.folder, args.run_dir, args.seq_len)
     except NormlabError as err:
         print(f"import_hf: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a target that cannot be written: a link, a read-only folder, a full disk
+        print(f"import_hf: {err.strerror or err}: {err.filename}; nothing was imported", file=sys.stderr)
         return 1
     print(f"wrote {args.run_dir}: python eval.py checkpoint={shlex.quote(str(args.run_dir))}")
     command = shlex.join(["python", "train.py", f"hydra.run.dir={args.run_dir}", *overrides])

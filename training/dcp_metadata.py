@@ -65,27 +65,38 @@ def read_metadata(path: Path) -> Metadata:
     try:
         with open(file, "rb") as f:
             metadata = _MetadataUnpickler(f, file).load()
-        entries, storage = metadata.state_dict_metadata, metadata.storage_data
+        shards = _shards_needed(path, metadata)
     except CheckpointError:
         raise
-    except Exception as err:
+    except Exception as err:  # a pickle of allowed classes in another arrangement is damaged too
         raise CheckpointError(f"could not read checkpoint {path}: {file.name} is damaged ({err})") from None
-    others = sorted(k for k, v in entries.items() if not isinstance(v, TensorStorageMetadata))
-    if others:
-        raise UnsafeCheckpointError(
-            f"refused to read {path}: it holds non-tensor entries ({', '.join(others[:3])}), which "
-            "torch.distributed.checkpoint would unpickle; normlab's sharded checkpoints hold tensors only"
-        )
-    needed: dict[str, int] = {}
-    for info in storage.values():
-        name = info.relative_path
-        if Path(name).name != name or name in ("", ".", ".."):
-            raise UnsafeCheckpointError(f"refused to read {path}: its metadata points outside it ({name!r})")
-        needed[name] = max(needed.get(name, 0), info.offset + info.length)
-    for name, end in sorted(needed.items()):
+    for name, end in sorted(shards.items()):
         shard = Path(path) / name
         size = shard.stat().st_size if shard.is_file() else None
         if size is None or size < end:
             problem = "is missing" if size is None else f"is truncated ({size:,} of at least {end:,} bytes)"
             raise CheckpointError(f"could not read checkpoint {path}: its shard {name} {problem}")
     return metadata
+
+
+def _shards_needed(path: Path, metadata: Metadata) -> dict[str, int]:
+    """Each shard file the metadata names, with the bytes it must hold; refuses entries that are not tensors and
+    files outside the checkpoint."""
+    if not isinstance(metadata, Metadata):
+        raise TypeError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    entries = metadata.state_dict_metadata
+    others = sorted(k for k, v in entries.items() if not isinstance(v, TensorStorageMetadata))
+    if others:
+        raise UnsafeCheckpointError(
+            f"refused to read {path}: it holds non-tensor entries ({', '.join(map(str, others[:3]))}), which "
+            "torch.distributed.checkpoint would unpickle; normlab's sharded checkpoints hold tensors only"
+        )
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        if not isinstance(info, _StorageInfo):
+            raise TypeError(f"a shard entry is a {type(info).__name__}")
+        name = info.relative_path
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise UnsafeCheckpointError(f"refused to read {path}: its metadata points outside it ({name!r})")
+        needed[name] = max(needed.get(name, 0), int(info.offset) + int(info.length))
+    return needed

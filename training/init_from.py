@@ -62,7 +62,8 @@ def load_weights(model, source: Source) -> dict[str, Any]:
     if their_model["vocab_size"] != model.cfg.vocab_size:
         raise ConfigError(
             f"train.init_from={source.path} has {their_model['vocab_size']} embedding rows but this run's tokenizer "
-            f"gives {model.cfg.vocab_size}: use the source's tokenizer (leave data.tokenizer unset)"
+            f"gives {model.cfg.vocab_size} (its size rounded up to a multiple of 64): leave data.tokenizer unset so "
+            "that the source's is used; a source whose table is padded further (Qwen3's) cannot be fine-tuned here"
         )
     matched = {name: tensor for name, tensor in theirs.items() if name in ours and ours[name].shape == tensor.shape}
     if not matched:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from training.atomic import atomic_write_text
 from training.metrics_file import MetricsFile
 from training.run_record import append_resume, write_new_record
 
@@ -116,9 +117,8 @@ def record_command(cfg, run_dir: Path) -> None:
     file = logging.FileHandler(run_dir / f"{hydra_cfg.job.name}.log") if held is not None else None
     record = run_dir / ".hydra"
     record.mkdir(exist_ok=True)
-    OmegaConf.save(cfg, record / "config.yaml")
-    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
-    OmegaConf.save(hydra_cfg.overrides.task, record / "overrides.yaml")
+    for name, node in (("config", cfg), ("hydra", {"hydra": hydra_cfg}), ("overrides", hydra_cfg.overrides.task)):
+        atomic_write_text(record / f"{name}.yaml", OmegaConf.to_yaml(node))  # replaced, never written through a link
     if held is not None:
         console = next((h for h in root.handlers if h is not held and h.formatter), None)
         file.setFormatter(console.formatter if console else logging.Formatter())

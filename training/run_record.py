@@ -98,7 +98,7 @@ def identity(run_config: dict) -> dict[str, Any]:
 
 # The files a run writes in its directory: never through a link, which would have it write outside the run.
 # (``checkpoints`` may be a link, to keep them on another disk: it is a folder the run writes into.)
-RUN_FILES = (RECORD, "metrics.jsonl", "tokenizer.json", "train.log", "eval.json", "wandb_id.txt", ".hydra")
+RUN_FILES = (RECORD, "metrics.jsonl", "tokenizer.json", "train.log", "eval.json", "wandb_id.txt", ".hydra", LOCK_FILE)
 
 
 def check_run_directory(run_dir: Path) -> None:

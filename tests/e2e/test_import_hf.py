@@ -227,6 +227,7 @@ REFUSALS = {
         r"model.layers.0.mlp.down_proj.weight has shape \[64, 96\] where config.json implies \[64, 128\]",
     ),
     "no tokenizer": (lambda folder: (folder / "tokenizer.json").unlink(), "has no tokenizer.json"),
+    "config.json a list": (lambda folder: (folder / "config.json").write_text("[1, 2]"), "holds a JSON list"),
     "target not empty": (None, "already holds files: import into a new or empty folder"),
 }
 
@@ -252,6 +253,17 @@ def test_what_has_no_equivalent_is_refused_by_name_before_anything_is_written(tm
     assert re.search(reason, result.stderr), result.stderr
     written = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "runs").rglob("*"))
     assert written == ([] if edit else ["runs/run", "runs/run/notes.txt"])
+
+
+def test_a_target_that_cannot_be_written_is_one_line_and_nothing_is_imported(tmp_path, llama_folder, cli):
+    """A dangling link where the run directory should go: the rename into place fails, and says so."""
+    target = tmp_path / "runs" / "run"
+    target.parent.mkdir()
+    target.symlink_to(tmp_path / "nowhere")
+    result = cli(import_hf, llama_folder, target)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("import_hf: ") and "nothing was imported" in result.stderr
+    assert sorted(p.name for p in target.parent.iterdir()) == ["run"] and not (tmp_path / "nowhere").exists()
 
 
 @pytest.fixture(scope="module")

@@ -200,7 +200,7 @@ def test_a_run_whose_checkpoints_are_unreachable_is_refused_not_started_over(tmp
     assert _fingerprint(run_dir) == before  # metrics.jsonl and config.yaml as they were
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "tokenizer.json", ".hydra"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "tokenizer.json", ".hydra", ".lock"])
 def test_a_run_file_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, cache_dir, finished, name):
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
     shutil.copytree(finished, run_dir)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from training.checkpoint import UnsafeCheckpointError, load_checkpoint, load_newest_readable
+from training.checkpoint import CheckpointError, UnsafeCheckpointError, load_checkpoint, load_newest_readable
 from training.dcp_metadata import METADATA
 from training.sharded_checkpoint import HEADER, read_checkpoint
 
@@ -158,3 +158,28 @@ def test_metadata_pointing_outside_its_checkpoint_is_refused(tmp_path):
     (path / METADATA).write_bytes(pickle.dumps(metadata))
     with pytest.raises(UnsafeCheckpointError, match="points outside it"):
         read_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    "arrange",
+    [
+        lambda metadata: setattr(metadata, "storage_data", {k: torch.Size([1]) for k in metadata.storage_data}),
+        lambda metadata: setattr(metadata, "storage_data", [1]),
+        lambda metadata: setattr(metadata, "state_dict_metadata", None),
+    ],
+    ids=["a size for a shard entry", "a list for the shard map", "no entries"],
+)
+def test_metadata_of_allowed_classes_in_another_arrangement_is_damaged_and_passed_over(sharded, arrange):
+    """Only allowed classes, so the unpickler admits it: its shape is wrong, and the resume falls back."""
+    file = sharded / "checkpoints" / "step_0000002.dcp" / METADATA
+    original = file.read_bytes()
+    metadata = pickle.loads(original)
+    arrange(metadata)
+    file.write_bytes(pickle.dumps(metadata))
+    try:
+        with pytest.raises(CheckpointError, match=f"could not read checkpoint .*: {METADATA} is damaged"):
+            read_checkpoint(file.parent)
+        source, _ = load_newest_readable(sharded)
+        assert source.name == "step_0000001.dcp"
+    finally:
+        _restore(file, original)
