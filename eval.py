@@ -49,7 +49,7 @@ from tokenizers import Tokenizer
 from analysis.keys import metric_key
 from analysis.probes import STUDY_PROBES
 from analysis.probes.layer_importance import skip_deltas
-from analysis.runs import layer_values
+from analysis.runs import layer_values, read_evaluations
 from model import ModelConfig, Transformer, build_model
 from model.fold import fold_gains
 from model.quantize import QuantizationError, check_schemes, quantized
@@ -303,12 +303,9 @@ def _existing(path: Path) -> dict[str, dict]:
     if not path.exists():
         return {}
     try:
-        existing = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EvalWriteError(f"is not JSON ({err}); move it away or repair it") from None
-    if not isinstance(existing, dict) or not all(isinstance(entry, dict) for entry in existing.values()):
-        raise EvalWriteError("holds no evaluations (a JSON object of objects); move it away")
-    return existing
+        return read_evaluations(path)
+    except ValueError as err:
+        raise EvalWriteError(f"{err}; move it away or repair it") from None
 
 
 def _save(path: Path, results: dict[str, dict]) -> str | None:

@@ -70,6 +70,11 @@ class Run:
         """The folder, architecture and dtype of a model imported by scripts/import_hf.py; None for one trained here."""
         return (self.config.get("runtime") or {}).get("imported_from")
 
+    @property
+    def evaluated_only(self) -> bool:
+        """An imported model that has not trained here: its one row is its evaluation (eval.json)."""
+        return bool(self.imported_from) and not (self.path / "metrics.jsonl").exists()
+
     def by_layer(self, template: str, step: int | None = None) -> list[float]:
         """``template`` (e.g. ``act/layers.{i}/stream_rms``) for layers 0, 1, ..., from the last row that
         logged layer 0 at or before ``step`` (default: the last such row)."""
@@ -119,7 +124,7 @@ def load_run(path: Path) -> Run:
         raise RunsError(f"{path}/config.yaml is not a run record (no norm section); the run is left out")
     config.setdefault("variant", config["norm"]["name"])  # runs from before placements: the norm was the variant
     run = Run(path, config, [], digest)
-    if run.imported_from and not (path / "metrics.jsonl").exists():
+    if run.evaluated_only:
         run.rows = _evaluated_rows(run)
         return run
     try:
@@ -252,6 +257,18 @@ def on_own_data(entry: dict, run: Run) -> bool:
     return same_text and entry.get("val_windows", data.get("val_windows")) == data.get("val_windows")
 
 
+def read_evaluations(path: Path) -> dict[str, dict]:
+    """The evaluations an eval.json holds, by key; a ValueError saying why where it holds none (eval.py, which
+    merges into it, and the readers read it alike)."""
+    try:
+        evaluations = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not UTF-8, or not JSON
+        raise ValueError(f"is not JSON ({err})") from None
+    if not isinstance(evaluations, dict) or not all(isinstance(e, dict) for e in evaluations.values()):
+        raise ValueError("holds no evaluations (a JSON object of objects, as eval.py writes)")
+    return evaluations
+
+
 def latest_eval(run: Run) -> dict | None:
     """The newest checkpoint's entry in the run's eval.json (what eval.py wrote) on the run's own data, or None:
     an evaluation on another corpus or window count sits beside it and is never read as the run's. Of two
@@ -259,10 +276,7 @@ def latest_eval(run: Run) -> dict | None:
     path = run.path / "eval.json"
     if not path.is_file():
         return None
-    evaluations = json.loads(path.read_text())
-    if not isinstance(evaluations, dict) or not all(isinstance(e, dict) for e in evaluations.values()):
-        raise ValueError("it holds no evaluations (a JSON object of objects, as eval.py writes)")
-    entries = [e for e in evaluations.values() if on_own_data(e, run)]
+    entries = [e for e in read_evaluations(path).values() if on_own_data(e, run)]
     return max(entries, key=lambda e: (e["step"], "probe_text" not in e), default=None)
 
 

@@ -465,7 +465,7 @@ def _(LAYER_PANELS, PANEL_PROBES):
     def panel_gap(title, runs_without, selected):
         """One line for a panel that some of the ``selected`` runs did not log: which, and what would log it."""
         # An imported model's one row is its eval.json (it has no metrics until it trains): eval.py runs every probe.
-        evaluated = [r for r in runs_without if r.imported_from and not (r.path / "metrics.jsonl").exists()]
+        evaluated = [r for r in runs_without if r.evaluated_only]
         fixes = []
         if len(evaluated) < len(runs_without):
             fixes.append(f"train with `{PANEL_PROBES[title]}` in `train.probes`")

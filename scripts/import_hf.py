@@ -45,6 +45,7 @@ from training.errors import NormlabError
 from training.optim import build_optimizer
 from training.run_record import write_new_record
 from training.runtime import resolve_device, resolve_precision, seed_everything
+from training.tokenizer import read_tokenizer_file
 
 register_configs()
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -79,10 +80,7 @@ def read_tokenizer(folder: Path, vocab_size: int) -> Tokenizer:
             f"{folder} has no tokenizer.json, which eval.py and train.py read: save the fast tokenizer there with "
             "transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)"
         )
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as err:
-        raise ImportRefused(f"cannot read {path}: {err}") from None
+    tokenizer = read_tokenizer_file(path, str(folder), "save the fast tokenizer there again")
     if tokenizer.get_vocab_size() > vocab_size:
         raise ImportRefused(
             f"{path} has {tokenizer.get_vocab_size()} tokens but config.json's vocab_size is {vocab_size}: "

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from training.checkpoint import CheckpointError, list_checkpoints
 from training.config import ConfigError
 from training.sharded_checkpoint import read_checkpoint
-from training.tokenizer import get_tokenizer
+from training.tokenizer import get_tokenizer, read_tokenizer_file
 
 log = logging.getLogger("normlab.train")
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_size", "mlp_hidden", "tie_embeddings")
@@ -38,7 +38,7 @@ def read_source(cfg, run_dir: Path) -> Source:
     a checkpoint (then the tokenizer is the run's own, written at its start, and the source is not read)."""
     own = Path(run_dir) / "tokenizer.json"
     if list_checkpoints(run_dir) and own.is_file():
-        return Source(own, Tokenizer.from_file(str(own)), None)
+        return Source(own, read_tokenizer_file(own, "the run", "restore the tokenizer.json it was trained with"), None)
     if not Path(cfg.train.init_from).exists():
         raise CheckpointError(
             f"train.init_from={cfg.train.init_from}: no such run directory or checkpoint; give a run directory of "

@@ -39,7 +39,9 @@ def get_tokenizer(data_cfg, train: Split, cache_dir: Path) -> Tokenizer:
         if not path.is_file():
             problem = "is a folder, not a file" if path.is_dir() else "no such file"
             raise DataError(f"data.tokenizer={data_cfg.tokenizer!r}: {problem}")
-        return _read(path, f"data.tokenizer={data_cfg.tokenizer!r}", "give a tokenizer.json that train.py wrote")
+        return read_tokenizer_file(
+            path, f"data.tokenizer={data_cfg.tokenizer!r}", "give a tokenizer.json that train.py wrote"
+        )
     return _local_hf_tokenizer(data_cfg.tokenizer)
 
 
@@ -64,13 +66,13 @@ def _cached_bpe(train: Split, vocab_size: int, cache_dir: Path) -> Tokenizer:
     key = hashlib.sha256(f"{train.fingerprint}|{vocab_size}|{_BPE_SETTINGS}".encode()).hexdigest()[:16]
     path = cache_dir / "tokenizers" / f"bpe-{vocab_size}-{key}.json"
     if path.is_file():
-        return _read(path, "the data cache", "delete it and the next run trains it again")
+        return read_tokenizer_file(path, "the data cache", "delete it and the next run trains it again")
     tokenizer = train_bpe(train.documents(), vocab_size)
     atomic_write_text(path, tokenizer.to_str())
     return tokenizer
 
 
-def _read(path: Path, where: str, fix: str) -> Tokenizer:
+def read_tokenizer_file(path: Path, where: str, fix: str) -> Tokenizer:
     """A tokenizer file, or one line naming it, what is wrong and ``fix`` (the library's errors are bare)."""
     try:
         return Tokenizer.from_file(str(path))
