@@ -1,21 +1,17 @@
 """The LLaMA-style decoder. It builds its norms through ``norms.build_norm`` and nothing else of ours."""
 
-import importlib
-
 from model.config import ModelConfig
+from model.registry import PLACEMENTS
 from model.transformer import Transformer
-
-# Placements that are a model of their own rather than a block of the Transformer, imported when chosen.
-MODELS = {"ngpt": "model.ngpt:NormalizedTransformer"}
+from norms.registry import resolve
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
-    """The model ``cfg`` describes: the Transformer, or the model class its placement names (nGPT's)."""
-    path = MODELS.get(cfg.placement)
-    if path is None:
-        return Transformer(cfg)
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)(cfg)
+    """The model ``cfg`` describes: the Transformer, or the model class its placement names (model/registry.py)."""
+    chosen = resolve(PLACEMENTS[cfg.placement])
+    if isinstance(chosen, type) and issubclass(chosen, Transformer):
+        return chosen(cfg)
+    return Transformer(cfg)
 
 
-__all__ = ["MODELS", "ModelConfig", "Transformer", "build_model"]
+__all__ = ["ModelConfig", "Transformer", "build_model"]

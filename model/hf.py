@@ -198,7 +198,7 @@ def hf_tensor_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
     stacked = {}
     for i, layer in enumerate(model.layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        norms = {**_BLOCK_NORMS[model_type], **(_QK_NORMS if layer.attn.has_qk_norm else {})}
+        norms = {**_BLOCK_NORMS[model_type], **(_QK_NORMS if "q" in layer.attn.normed_roles else {})}
         for norm, their_norm in norms.items():
             whole[f"{ours}{norm}.weight"] = f"{theirs}{their_norm}.weight"
         for branch, their_branch in (("attn", "self_attn"), ("mlp", "mlp")):

@@ -1,8 +1,8 @@
 """The logical matrices of a module's weights: a fused weight (q|k|v, gate|up) once per matrix it stacks.
 
 Whatever treats a weight matrix as a matrix, rather than as numbers, needs its logical pieces: an
-initialization whose scale depends on a matrix's shape (DeepNet's Xavier-normal), or an optimizer that
-orthogonalizes each matrix (Muon). The modules that fuse weights say how through ``fused_rows``.
+initialization whose scale depends on a matrix's shape (Xavier-normal), or an optimizer that orthogonalizes
+each matrix. The modules that fuse weights say how through ``fused_rows``.
 """
 
 from __future__ import annotations

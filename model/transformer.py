@@ -16,16 +16,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import KVCache
-from model.blocks import Block, block_class, layer_placements
+from model.blocks import Block, layer_blocks
 from model.config import ModelConfig
 from model.loss import LossTerms, fused_linear_cross_entropy, softcap
 from model.norm_roles import check_role_options, norm_for
+from model.registry import chosen_variants, combined
 from model.rope import rope_tables
 from norms import Norm
 
 
 class Transformer(nn.Module):
-    on_sphere = False  # nGPT's model (model/ngpt.py) keeps its vectors on the unit sphere
+    on_sphere = False  # whether the model keeps its vectors on the unit sphere (no gain folds into a matrix)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -35,7 +36,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.embed_scale == "learned":  # the DyT paper's LLaMA code: a learned scalar, from sqrt(d_model)
             self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(cfg.d_model)))
-        # He et al.'s OP block normalizes the embeddings once, where a stack without norms starts
+        # a norm on the embeddings, where a stack without norms starts (outer_norm: both ends of the stack)
         self.embed_norm = norm_for(cfg, "embed", cfg.d_model) if cfg.outer_norm is not None else None
         self.layers = nn.ModuleList(block(cfg, layer) for layer, block in enumerate(blocks))
         has_final_norm = blocks[-1].has_final_norm or cfg.outer_norm is not None
@@ -50,28 +51,42 @@ class Transformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Normal(0, std) weights: init_std, or what the block says for its weights (``Block.init_stds``:
-        output projections at init_std / sqrt(2 * n_layers) by default, DeepNorm's beta for DeepNorm).
+        output projections at init_std / sqrt(2 * n_layers) by default).
 
-        Norms draw no random numbers (gains start at one), and weights only some variants have (attention
-        gates) are drawn after all the others, so a given seed gives the same shared weights whichever norm
-        or switch is configured: runs of one seed pair across arms.
+        Norms draw no random numbers (gains start at one), and weights only some variants have (marked
+        ``drawn_last``) are drawn after all the others, so a given seed gives the same shared weights whichever
+        norm or switch is configured: runs of one seed pair across arms.
         """
         stds = {
             f"layers.{i}.{name}": std for i, layer in enumerate(self.layers) for name, std in layer.init_stds().items()
         }
         drawn = [(n, m) for n, m in self.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
-        for name, module in sorted(drawn, key=lambda item: item[0].endswith(".gate_proj")):  # stable: gates last
+        for name, module in sorted(drawn, key=lambda item: getattr(item[1], "drawn_last", False)):  # stable
             nn.init.normal_(module.weight, mean=0.0, std=stds.get(name, self.cfg.init_std))
         for layer in self.layers:
             layer.after_init()
 
     def block_types(self) -> list[type[Block]]:
-        """Each layer's block class: its placement's (model/blocks.py)."""
-        return [block_class(placement) for placement in layer_placements(self.cfg)]
+        """Each layer's block class: its placement's, with the chosen variants' parts (model/registry.py)."""
+        variants = chosen_variants(self.cfg)
+        return [
+            combined(
+                block,
+                variants,
+                "BLOCK",
+                attention_class=combined(block.attention_class, variants, "ATTENTION"),
+                mlp_class=combined(block.mlp_class, variants, "MLP"),
+            )
+            for block in self.placement_blocks()
+        ]
+
+    def placement_blocks(self) -> list[type[Block]]:
+        """Each layer's block class as its placement gives it (model/blocks.py)."""
+        return layer_blocks(self.cfg)
 
     def post_step_hooks(self) -> list[Callable[[], dict[str, float]]]:
-        """What must run after every optimizer step for the weights to stay what the model assumes (nGPT's
-        renormalization); each returns the metrics it reports. None for this model."""
+        """What must run after every optimizer step for the weights to stay what the model assumes (a model
+        that keeps its matrices normalized); each returns the metrics it reports. None for this model."""
         return []
 
     def head_weight(self) -> torch.Tensor:

@@ -5,11 +5,9 @@ the library; each module class the first time it is named (``norms.LayerNorm``, 
 and its backend (a C kernel, the Triton kernel) the first time such a norm is built.
 """
 
-import importlib
-
 from norms.base import GAINS, Norm
 from norms.functional import derf, dyt, l2_norm, layer_norm, partial_rms_norm, rms_norm
-from norms.registry import NORM_NAMES, backend, build_norm, norm_class, norm_options
+from norms.registry import NORM_NAMES, backend, build_norm, norm_class, norm_options, resolve
 
 _LAZY = {
     "LayerNorm": "norms.layernorm",
@@ -27,7 +25,7 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return resolve(f"{_LAZY[name]}:{name}")
     raise AttributeError(f"module 'norms' has no attribute {name!r}")
 
 

@@ -22,13 +22,13 @@ class Norm(nn.Module):
 
     ``role`` is a free-form tag that whoever places the norm may set (a model sets
     ``"attn_in"``, ``"q"``, ...), so that statistics can say what the norm sees.
-    ``output_scale`` multiplies the normalized output by a constant (LayerNorm Scaling sets
+    ``output_scale`` multiplies the normalized output by a constant (a depth-scaled norm sets
     1/sqrt(layer)); at 1 it costs nothing.
     """
 
     role: str | None = None
     output_scale: float = 1.0
-    unit_sphere = False  # whether every output vector has L2 norm 1 (what nGPT's block needs)
+    unit_sphere = False  # whether every output vector has L2 norm 1 (what a model on the unit sphere needs)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -68,7 +68,7 @@ class Norm(nn.Module):
         gain = self.effective_gain()
         if gain is None and self.output_scale == 1.0:
             return None
-        if gain is None:  # a constant output scale alone (LayerNorm Scaling without a gain) folds as a vector
+        if gain is None:  # a constant output scale alone (a depth-scaled norm without a gain) folds as a vector
             folded = torch.full((self.dim,), self.output_scale, dtype=torch.float64)  # cast to the reader's dtype
         else:
             self.drop_gain()

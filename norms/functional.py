@@ -130,7 +130,7 @@ def rms_norm(
 
 
 def l2_norm(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """``x / sqrt(sum(x**2) + eps)``: each vector onto the unit sphere (nGPT, Loshchilov et al. 2025).
+    """``x / sqrt(sum(x**2) + eps)``: each vector onto the unit sphere (the normalized Transformer's norm).
 
     The sum, not the mean: the output has L2 norm 1 (RMSNorm's has RMS 1, norm sqrt(D)). No gain.
     """

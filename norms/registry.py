@@ -1,8 +1,11 @@
-"""The one place where a name becomes code: a norm's config name its module class, a backend's name its module.
+"""Where a name becomes code: a norm's config name its module class, a backend's name its module, through
+``resolve``, the one resolver of every lazy table in normlab.
 
-Configs and checkpoints keep the name (a string, serializable); ``build_norm`` resolves it. Both
-tables hold import paths, so a class or a backend is imported when it is first asked for: importing
-``norms`` loads neither Triton nor a C kernel, and a run loads the backends of the norms it builds.
+Configs and checkpoints keep the name (a string, serializable); ``build_norm`` resolves it. Every table of
+names (norms and backends here; placements and variants in model/registry.py, probes, post-step hooks,
+optimizers and corpora in training/) holds import paths, so a class is imported when it is first asked for:
+importing ``norms`` loads neither Triton nor a C kernel, and a run imports only the variants it chooses.
+``resolve`` lives here, in the bottom layer, so that every layer can use it.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ _BACKENDS = {
 }
 
 NORM_NAMES: tuple[str, ...] = tuple(_NORMS)
-_loaded_backends: dict = {}
 
 
-def _resolve(path: str):
+def resolve(path: str):
+    """What ``package.module:name`` names (or the module itself, without ``:name``), its module imported now."""
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    return getattr(imported, name) if name else imported
 
 
 def norm_class(name: str) -> type:
@@ -43,15 +47,12 @@ def norm_class(name: str) -> type:
         path = _NORMS[name]
     except KeyError:
         raise ValueError(f"unknown norm {name!r}; known norms: {', '.join(NORM_NAMES)}") from None
-    return _resolve(path)
+    return resolve(path)
 
 
 def backend(name: str):
     """The backend module registered as ``name``, imported the first time a norm that runs on it asks."""
-    module = _loaded_backends.get(name)
-    if module is None:
-        module = _loaded_backends[name] = importlib.import_module(_BACKENDS[name])
-    return module
+    return resolve(_BACKENDS[name])
 
 
 def norm_options(name: str) -> tuple[str, ...]:

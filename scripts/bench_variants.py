@@ -31,7 +31,7 @@ from hydra import compose, initialize_config_dir
 
 from analysis.runs import BASELINE, default_baseline
 from model import build_model
-from model.blocks import BLOCKS
+from model.blocks import block_placements
 from norms import NORM_NAMES
 from training.config import build_model_config, register_configs
 from training.distributed import Distributed
@@ -67,7 +67,7 @@ def default_variants() -> list[str]:
     """Every registered norm pre-norm, then the baseline's other placements and QK-norm."""
     base = f"norm={BASELINE}"
     variants = [f"norm={name}" for name in NORM_NAMES]
-    variants += [f"{base} norm.placement={p}" for p in BLOCKS if p != "pre"]
+    variants += [f"{base} norm.placement={p}" for p in block_placements() if p != "pre"]
     variants += ["norm=ngpt"]  # nGPT's block, L2 norm, untied embeddings and per-step renormalization
     variants += [f"{base} norm.qk={BASELINE}", f"{base} norm.placement=reordered norm.qk={BASELINE} norm.qk_axis=all"]
     variants += [f"{base} {switch}" for switch in SWITCHES]

@@ -35,3 +35,8 @@ def adamw(named: list[tuple[str, nn.Parameter]], train_cfg, device: torch.device
         fused=fused,
         foreach=not fused,
     )
+
+
+def adamw_for_model(model: nn.Module, train_cfg, device: torch.device) -> torch.optim.AdamW:
+    """AdamW for every trainable parameter of ``model`` (train.optimizer=adamw)."""
+    return adamw([(n, p) for n, p in model.named_parameters() if p.requires_grad], train_cfg, device)

@@ -20,16 +20,15 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from hydra.experimental.callback import Callback
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from model.blocks import PLACEMENTS
-from model.config import ATTN_GATES, ATTN_SINKS, DEPTH_SCALINGS, EMBED_SCALES, INIT_OUT_SCALES, ModelConfig
-from model.norm_roles import QK_AXES, ROLES
+from model.config import ModelConfig, config_key, rule_refusal
+from model.norm_roles import ROLES
 from norms import GAINS
 from training.errors import NormlabError
 from training.loggers import WANDB_MODES
 from training.nonfinite import NAN_POLICIES
-from training.optim import MUON_LR_ADJUSTMENTS, OPTIMIZERS, WEIGHT_DECAY_MODES
+from training.optim import OPTIMIZERS, WEIGHT_DECAY_MODES
 from training.run_record import register_run_name_resolvers
 from training.runtime import PRECISIONS
 from training.variant import label_keys
@@ -56,39 +55,20 @@ def _choice(name: str, values) -> type[Choice]:
     return Choice(name, {value: value for value in values}, module=__name__)  # picklable by name (joblib sweeps)
 
 
-Placement = _choice("Placement", PLACEMENTS)  # the block variants of model/blocks.py, and mix_ln
-QKAxis = _choice("QKAxis", QK_AXES)
 Gain = _choice("Gain", GAINS)
 NanPolicy = _choice("NanPolicy", NAN_POLICIES)
 Precision = _choice("Precision", PRECISIONS)
 WandbMode = _choice("WandbMode", WANDB_MODES)
-DepthScaling = _choice("DepthScaling", DEPTH_SCALINGS)
-EmbedScale = _choice("EmbedScale", EMBED_SCALES)
-InitOutScale = _choice("InitOutScale", INIT_OUT_SCALES)
-AttnGate = _choice("AttnGate", ATTN_GATES)
-AttnSink = _choice("AttnSink", ATTN_SINKS)
 WeightDecayMode = _choice("WeightDecayMode", WEIGHT_DECAY_MODES)
 OptimizerName = _choice("OptimizerName", OPTIMIZERS)
-MuonLRAdjustment = _choice("MuonLRAdjustment", MUON_LR_ADJUSTMENTS)
+MuonLRAdjustment = _choice("MuonLRAdjustment", ("match_rms_adamw", "original"))
 Parallel = _choice("Parallel", ("ddp", "fsdp"))  # train.parallel: training/fsdp.py says what fsdp does
 
 
-# What a numeric key may hold, checked for every key of the schema before a run writes anything: the rule
-# sits beside its field (``checked(default, "> 0")``), and a refusal names the key and the rule.
-RULES = {
-    "> 0": lambda v: math.isfinite(v) and v > 0,
-    ">= 0": lambda v: math.isfinite(v) and v >= 0,
-    ">= 1": lambda v: v >= 1,
-    "in [0, 1]": lambda v: 0 <= v <= 1,
-    "in [0, 1)": lambda v: 0 <= v < 1,
-    "in (0, 1)": lambda v: 0 < v < 1,
-    "in (0, 1]": lambda v: 0 < v <= 1,
-}
-
-
-def checked(default, rule: str, **kwargs):
-    """A schema field whose value (when not null) must meet ``rule``, one of ``RULES``."""
-    return field(default=default, metadata={"rule": rule}, **kwargs)
+def checked(default, rule: str = "", label: str = ""):
+    """A schema field whose value (when not null) must meet ``rule`` (one of model.config's ``RULES``), and whose
+    part of the run's label away from its default is ``label`` (training/variant.py)."""
+    return field(default=default, metadata={"rule": rule, "label": label})
 
 
 def check_values(node, schema, prefix: str = "") -> None:
@@ -101,10 +81,13 @@ def check_values(node, schema, prefix: str = "") -> None:
             if nested is not None and dataclasses.is_dataclass(nested):
                 check_values(value, nested, f"{prefix}{f.name}.")
             continue
-        rule = f.metadata.get("rule")
-        if rule and value is not None and not (isinstance(value, (int, float)) and RULES[rule](value)):
-            null = " or null" if f.default is None or "Optional" in str(f.type) else ""
-            raise ConfigError(f"{prefix}{f.name}={value} is not allowed: it must be {rule}{null}")
+        refusal = rule_refusal(f"{prefix}{f.name}", value, f.metadata.get("rule"), _nullable(f))
+        if refusal:
+            raise ConfigError(refusal)
+
+
+def _nullable(f) -> bool:
+    return f.default is None or "Optional" in str(f.type)
 
 
 def plain(value):
@@ -123,7 +106,7 @@ class NormOptions:
     k: Optional[int] = checked(None, ">= 1")  # pRMSNorm: or their count
     bias: Optional[bool] = None
     cast_before_weight: Optional[bool] = None
-    gain: Optional[Gain] = None  # type: ignore[valid-type]  # standard | one_plus | none
+    gain: Optional[Gain] = field(default=None, metadata={"label": "gain_{value}", "quiet": ("standard",)})  # type: ignore[valid-type]  # standard | one_plus | none
     alpha_init: Optional[float] = checked(None, "> 0")  # DyT, Derf
     shift_init: Optional[float] = None  # Derf
 
@@ -140,64 +123,49 @@ NormRoles = dataclasses.make_dataclass(
 )
 
 
-@dataclass
-class NormConfig(NormOptions):  # type: ignore[valid-type,misc]
-    """The norm group: the norm type and its options, plus structure that is not a module option.
-
-    Structural keys (placement, qk, qk_axis) shape the model and are never passed to a norm; an
-    option that the chosen type does not take is refused before any data is loaded.
-    """
-
-    name: str = MISSING  # the norm type, a registered name (norms/registry.py)
-    placement: Placement = Placement.pre  # type: ignore[valid-type]  # model/blocks.py PLACEMENTS: pre | post | peri | reordered | deepnorm | mix_ln | ngpt
-    qk: Optional[str] = None  # a norm type for q and k inside attention (QK-norm), or null for none
-    qk_axis: QKAxis = QKAxis.head  # type: ignore[valid-type]  # head: per attention head (Qwen3) | all: over all heads (OLMo 2)
-    v: Optional[str] = None  # a norm type for v (QKV-norm with qk), over qk_axis, or null for none
-    # SimpleNorm: a norm type after every linear layer of the blocks (q, k, v, o, gate, up, down), or null
-    after_linear: Optional[str] = None
-    roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
-    # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers, pre-norm after (Mix-LN)
-    post_fraction: float = checked(0.25, "in [0, 1]")
-    layer_placements: Optional[List[str]] = None  # one placement per layer, e.g. [post, post, pre, pre]
-    depth_scaling: DepthScaling = DepthScaling.none  # type: ignore[valid-type]  # inverse_sqrt: LayerNorm Scaling
-
-    def role_options(self) -> Dict[str, Dict[str, Any]]:
-        """The options set for single roles, e.g. {"attn_in": {"alpha_init": 0.8}}."""
-        return {role: options for role in ROLES if (options := NormOptions.options(getattr(self.roles, role)))}
+def role_options(roles) -> Dict[str, Dict[str, Any]]:
+    """The options set for single roles (norm.roles), e.g. {"attn_in": {"alpha_init": 0.8}}."""
+    return {role: options for role in ROLES if (options := NormOptions.options(getattr(roles, role)))}
 
 
-# The model group holds the decoder's shape: every ModelConfig field except the norm (chosen by
-# the norm group), plus a preset name used in run names.
-_NORM_GROUP_FIELDS = (
-    "norm", "norm_options", "placement", "layer_placements", "post_fraction", "qk_norm", "qk_axis",
-    "norm_role_options", "norm_depth_scaling", "v_norm", "after_linear_norm",
-)  # fmt: skip
-_MODEL_CHOICES = {
-    "embed_scale": EmbedScale, "init_out_scale": InitOutScale, "attn_gate": AttnGate, "attn_sink": AttnSink,
-}  # fmt: skip
-_MODEL_RULES = {
-    **dict.fromkeys(("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_size", "mlp_hidden"), ">= 1"),
-    **dict.fromkeys(("mlp_multiple_of", "max_seq_len"), ">= 1"),
-    **dict.fromkeys(("rope_theta", "init_std", "logit_softcap", "attn_softcap", "residual_scale"), "> 0"),
-    "dropout": "in [0, 1)",
-}
-ModelPreset = dataclasses.make_dataclass(
-    "ModelPreset",
-    [("name", str, field(default="custom"))]
-    + [
-        (
-            f.name,
-            _MODEL_CHOICES.get(f.name, f.type),
-            field(
-                default=_MODEL_CHOICES[f.name](f.default) if f.name in _MODEL_CHOICES else f.default,
-                metadata={"rule": _MODEL_RULES[f.name]} if f.name in _MODEL_RULES else {},
-            )
-            if f.default is not dataclasses.MISSING
-            else field(default_factory=f.default_factory),  # a dict (model.rope_scaling)
-        )
+# ModelConfig (model/config.py) is the schema of the norm and model groups: each of its fields becomes the key it
+# declares, typed, with its allowed values (a Choice), its rule and its default. The norm's name, options and
+# roles are the norm group's own keys (norm.name, norm.<option>, norm.roles.<role>.<option>).
+_STRUCTURED = {"norm": "name", "norm_options": None, "norm_role_options": None}
+
+
+def _schema_field(f, group: str):
+    """(name in the group, type, field) for the ModelConfig field ``f``."""
+    name = config_key(f).removeprefix(f"{group}.")
+    if f.metadata.get("choices"):
+        choice = _choice("".join(part.title() for part in name.split("_")), f.metadata["choices"])
+        globals()[choice.__name__] = choice  # found by name when a sweep's configs are unpickled
+        return name, choice, field(default=choice(f.default))
+    metadata = {"rule": f.metadata["rule"]} if f.metadata.get("rule") else {}
+    if f.default is not dataclasses.MISSING:
+        return name, f.type, field(default=f.default, metadata=metadata)
+    return name, f.type, field(default_factory=f.default_factory, metadata=metadata)
+
+
+def _group_fields(group: str) -> list:
+    return [
+        _schema_field(f, group)
         for f in dataclasses.fields(ModelConfig)
-        if f.name not in _NORM_GROUP_FIELDS
-    ],
+        if f.name not in _STRUCTURED and config_key(f).split(".")[0] == group
+    ]
+
+
+# The norm group: the norm type and its options, plus structure that is not a module option (placement, qk, ...),
+# which shapes the model and is never passed to a norm.
+NormConfig = dataclasses.make_dataclass(
+    "NormConfig",
+    [("name", str, field(default=MISSING)), ("roles", NormRoles, field(default_factory=NormRoles))]
+    + _group_fields("norm"),
+    bases=(NormOptions,),
+)
+# The model group holds the decoder's shape and its switches, plus a preset name used in run names.
+ModelPreset = dataclasses.make_dataclass(
+    "ModelPreset", [("name", str, field(default="custom"))] + _group_fields("model")
 )
 
 
@@ -254,20 +222,19 @@ class TrainConfig:
     lr: float = checked(3e-3, "> 0")  # the peak learning rate
     min_lr_ratio: float = checked(0.1, "in [0, 1]")  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = checked(50, ">= 0")
+    weight_decay: float = checked(0.1, ">= 0")
+    z_loss: float = checked(
+        0.0, ">= 0", "zloss{value:g}"
+    )  # coef * mean(logsumexp(logits)^2) (PaLM: 1e-4): train/z_loss
+    # tau: after each step, heads whose largest logit exceeded it are rescaled (variants/qk_clip.py)
+    qk_clip: Optional[float] = checked(None, "> 0", "qkclip{value:g}")
     # coupled: AdamW's decay, lr * weight_decay per step. independent: weight_decay is the per-step
     # shrink at the schedule's peak, scaled by the schedule only (Wortsman et al. use 1e-4; 0.1
     # would shrink every matrix by 10% a step there), so sweeping the rate does not sweep the decay.
-    weight_decay: float = checked(0.1, ">= 0")
-    weight_decay_mode: WeightDecayMode = WeightDecayMode.coupled  # type: ignore[valid-type]
-    z_loss: float = checked(
-        0.0, ">= 0"
-    )  # coef * mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4); logged as train/z_loss
-    qk_clip: Optional[float] = checked(
-        None, "> 0"
-    )  # tau: after each step, heads whose largest logit exceeded it are rescaled
+    weight_decay_mode: WeightDecayMode = checked(WeightDecayMode.coupled, label="wd_{value}")  # type: ignore[valid-type]
     decay_norms_and_embeddings: bool = False
-    # adamw | muon: torch.optim.Muon for the blocks' matrices, AdamW for the rest (training/optim.py)
-    optimizer: OptimizerName = OptimizerName.adamw  # type: ignore[valid-type]
+    # adamw | muon: torch.optim.Muon for the blocks' matrices, AdamW for the rest (variants/muon.py)
+    optimizer: OptimizerName = checked(OptimizerName.adamw, label="{value}")  # type: ignore[valid-type]
     muon: MuonConfig = field(default_factory=MuonConfig)
     beta1: float = checked(0.9, "in [0, 1)")
     beta2: float = checked(0.95, "in [0, 1)")
@@ -404,32 +371,27 @@ VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faste
 
 
 def build_model_config(cfg, vocab_size: int) -> ModelConfig:
-    """The model config that a composed run config (and a tokenizer's vocabulary size) describe."""
-    shape = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True).items() if k != "name"}
-    shape["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
+    """The model config that a composed run config (and a tokenizer's vocabulary size) describe: each field read
+    from the key it declares."""
+    values = {}
+    for f in dataclasses.fields(ModelConfig):
+        value = OmegaConf.select(cfg, config_key(f)) if f.name not in _STRUCTURED else None
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        values[f.name] = plain(value)
     norm = OmegaConf.to_object(cfg.norm)
-    return ModelConfig(
-        **shape,
-        norm=norm.name,
-        norm_options=norm.options(),
-        placement=plain(norm.placement),
-        layer_placements=None if norm.layer_placements is None else list(norm.layer_placements),
-        post_fraction=norm.post_fraction,
-        qk_norm=norm.qk,
-        qk_axis=plain(norm.qk_axis),
-        v_norm=norm.v,
-        after_linear_norm=norm.after_linear,
-        norm_depth_scaling=plain(norm.depth_scaling),
-        norm_role_options=norm.role_options(),
-    )
+    values.update(norm=norm.name, norm_options=norm.options(), norm_role_options=role_options(norm.roles))
+    values["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
+    return ModelConfig(**values)
 
 
 # Overrides of these keys show in the readable part of a run name (the variant label holds them);
 # others add a short hash.
-RUN_NAME_KEYS = ("norm", "model", "seed", "run_name", *label_keys())
+def run_name_keys() -> tuple[str, ...]:
+    return ("norm", "model", "seed", "run_name", *label_keys())
 
 
 def register_configs() -> None:
-    register_run_name_resolvers(RUN_NAME_KEYS)
+    register_run_name_resolvers(run_name_keys())
     store = ConfigStore.instance()
     store.store(name="normlab_schema", node=Config)

@@ -8,13 +8,13 @@ token caches keyed by it are never stale.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from norms.registry import resolve
 from training.errors import NormlabError
 
 
@@ -42,8 +42,7 @@ def load_splits(data_cfg) -> tuple[Split, Split]:
     """(train, validation) documents for ``data.source``."""
     if data_cfg.source not in SOURCES:
         raise DataError(f"data.source={data_cfg.source!r} is not one of: {', '.join(SOURCES)}")
-    module, _, name = SOURCES[data_cfg.source].partition(":")
-    return getattr(importlib.import_module(module), name)(data_cfg)
+    return resolve(SOURCES[data_cfg.source])(data_cfg)
 
 
 def sha256_file(path: Path) -> str:

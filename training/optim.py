@@ -1,14 +1,8 @@
-"""The optimizer (AdamW, or Muon for the blocks' matrices beside AdamW) and the warmup + cosine schedule.
+"""The optimizer, chosen by name (``train.optimizer``), and the warmup + cosine schedule.
 
-``train.optimizer=adamw`` (the default): AdamW for every parameter, weight decay on matrices only.
-
-``train.optimizer=muon``: ``torch.optim.Muon`` (Jordan et al. 2024) for the 2-D weight matrices of
-the blocks, AdamW for everything else (embeddings, the LM head, norm gains and biases, scalars such
-as DyT's alpha), both on the same schedule. A fused weight (q|k|v, gate|up) is orthogonalized per
-logical matrix, as Muon's authors recommend: the optimizer sees each one as a view of the fused
-weight's rows, so the model keeps its one matmul and its checkpoints. With ``adjust_lr_fn:
-match_rms_adamw`` (Moonlight, Liu et al. 2025, arXiv 2502.16982) Muon's update has AdamW's RMS, so
-AdamW's learning rates and weight decay carry over.
+``adamw`` (the default): AdamW for every parameter, weight decay on matrices only. Any other name in
+``OPTIMIZERS`` is a variant's (variants/), imported only when chosen; it steps like one optimizer and may
+name its parts (``parts``) and its parameter groups (``groups``).
 
 Weight decay comes in two forms (``train.weight_decay_mode``), for both optimizers:
 
@@ -26,34 +20,29 @@ import math
 import torch
 from torch import nn
 
-from training.adamw import adamw
+from norms.registry import resolve
 
 WEIGHT_DECAY_MODES = ("coupled", "independent")
-OPTIMIZERS = ("adamw", "muon")
-MUON_LR_ADJUSTMENTS = ("match_rms_adamw", "original")
+# train.optimizer -> the class, built as cls(model, train_cfg, device)
+OPTIMIZERS = {"adamw": "training.adamw:adamw_for_model", "muon": "variants.muon:MuonWithAdamW"}
 STATE_TENSORS = {torch.optim.AdamW: 2, torch.optim.Muon: 1}  # tensors of a parameter's size each keeps for it
 
 
 def build_optimizer(model: nn.Module, train_cfg, device: torch.device):
-    """AdamW for every parameter, or Muon for the blocks' matrices beside AdamW (``train.optimizer``,
-    training/muon.py, imported only then)."""
-    if train_cfg.optimizer == "muon":
-        from training.muon import MuonWithAdamW
-
-        return MuonWithAdamW(model, train_cfg, device)
-    return adamw([(n, p) for n, p in model.named_parameters() if p.requires_grad], train_cfg, device)
+    """The optimizer ``train.optimizer`` names, over the model's trainable parameters."""
+    return resolve(OPTIMIZERS[train_cfg.optimizer])(model, train_cfg, device)
 
 
 def optimizer_groups(optimizer, model: nn.Module) -> dict[str, list[str]]:
     """Which optimizer got which parameters, by name (the run record's ``runtime.optimizer_groups``)."""
-    groups = getattr(optimizer, "groups", None)  # an optimizer of several (Muon's) names its own
+    groups = getattr(optimizer, "groups", None)  # an optimizer of several names its own
     return groups or {"adamw": [name for name, param in model.named_parameters() if param.requires_grad]}
 
 
 def memory_per_rank(model: nn.Module, optimizer) -> dict[str, int]:
     """Bytes this process holds for parameters, gradients and optimizer moments (its shards under FSDP; DDP's buckets,
     one more copy of the gradients, left out): the run record's ``runtime.memory_per_rank``."""
-    parts = getattr(optimizer, "parts", (optimizer,))  # train.optimizer=muon: Muon and AdamW
+    parts = getattr(optimizer, "parts", (optimizer,))  # an optimizer of several: each of them
     moments = [(STATE_TENSORS[type(part)], p) for part in parts for group in part.param_groups for p in group["params"]]
     return {
         "param_bytes": sum(map(_held_bytes, model.parameters())),

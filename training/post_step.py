@@ -1,24 +1,24 @@
 """Post-step hooks: what runs after every optimizer step, registered by the model or by a training option.
 
 The loop calls each hook after the optimizer step and logs the metrics it returns; it names no feature.
-A model registers its own (``Transformer.post_step_hooks``: nGPT's renormalization of its weights); a
-training option registers one from ``OPTION_HOOKS`` when it is set (``train.qk_clip``: Kimi K2's QK-clip),
-its module imported only then. Hooks are built before the model is compiled, so one may set the model up.
+A model registers its own (``Transformer.post_step_hooks``: a model that keeps its matrices normalized); a
+training option registers one from ``OPTION_HOOKS`` when it is set, its module (variants/) imported only then.
+Hooks are built before the model is compiled, so one may set the model up.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from torch import nn
 
+from norms.registry import resolve
 from training.distributed import Distributed
 
 PostStepHook = Callable[[], dict[str, float]]
 
 # A train key whose value, when not null, registers a hook: key -> the hook's class, built as cls(model, value, dist).
-OPTION_HOOKS = {"qk_clip": "training.qk_clip:QKClip"}
+OPTION_HOOKS = {"qk_clip": "variants.qk_clip:QKClip"}
 
 
 def post_step_hooks(model: nn.Module, train_cfg, dist: Distributed) -> list[PostStepHook]:
@@ -27,6 +27,5 @@ def post_step_hooks(model: nn.Module, train_cfg, dist: Distributed) -> list[Post
     for key, path in OPTION_HOOKS.items():
         value = train_cfg[key]
         if value is not None:
-            module, _, name = path.partition(":")
-            hooks.append(getattr(importlib.import_module(module), name)(model, value, dist))
+            hooks.append(resolve(path)(model, value, dist))
     return hooks

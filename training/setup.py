@@ -67,7 +67,7 @@ class RunSettings:
 @dataclass(kw_only=True)
 class TrainingRun:
     """Everything the loop in train.py reads: the config and its checked settings, the data, the model in
-    its three views, the optimizer where the run resumes, the hooks after each step, and the run's sinks."""
+    its three views, the optimizer where the run resumes, the hooks after each step, and where the run's metrics go."""
 
     cfg: DictConfig
     run_dir: Path
@@ -80,7 +80,7 @@ class TrainingRun:
     train_model: torch.nn.Module  # compiled, wrapped in DDP under torchrun (FSDP: the sharded model)
     sharded: bool  # train.parallel=fsdp: every process evaluates, probes and saves (collectives), rank 0 logs
     model_cfg: ModelConfig
-    optimizer: torch.optim.Optimizer  # or training.muon.MuonWithAdamW, which steps like one
+    optimizer: torch.optim.Optimizer  # or an optimizer of several parts (training/optim.py), which steps like one
     post_step_hooks: list[PostStepHook]  # after every optimizer step (training/post_step.py)
     start_step: int  # 0, or the step of the checkpoint it resumed from
     resumed_from: Path | None

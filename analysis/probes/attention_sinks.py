@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.attention import ScoresTap, masked_scores, sink_softmax
+from model.attention import Attention
 from training.probes.base import Probe
 
 SINK_THRESHOLD = 0.3
@@ -30,14 +30,14 @@ class AttentionSinks(Probe):
 
     def attach(self, model: nn.Module) -> None:
         for index, layer in enumerate(model.layers):
-            self.hook(layer.attn.scores, self._measure(index))
+            self.hook(layer.attn.scores_tap, self._measure(index, layer.attn))
 
-    def _measure(self, index: int):
-        def measure(module: ScoresTap, args, output) -> None:
-            q, k, start_pos, sink_logits = args
+    def _measure(self, index: int, attention: Attention):
+        def measure(tap, args, output) -> None:
+            q, k, start_pos = args
             if start_pos != 0 or q.shape[2] < 2:  # a cached decoding step does not see position 0 as a query would
                 return
-            weights = sink_softmax(masked_scores(q.float(), k.float(), 0, module.softcap, module.scale), sink_logits)
+            weights = attention.softmax(attention.scores(q.float(), k.float(), 0))
             for key, value in sink_stats(weights).items():
                 self.values[f"attn/layers.{index}/{key}"] = value
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.ngpt import NGPTBlock
 from training.probes.base import Probe
+from variants.ngpt import NGPTBlock
 
 
 def mean_and_std(vector: torch.Tensor) -> tuple[float, float]:

@@ -10,12 +10,13 @@ your own) by its import path ``package.module:Class``. Each is imported only whe
 from __future__ import annotations
 
 import contextlib
-import importlib
 import time
 
 import torch
 from torch import nn
 
+from norms.registry import resolve
+from training.post_step import OPTION_HOOKS
 from training.probes.base import Probe, sync
 from training.probes.gradients import GRADIENT_KEYS
 
@@ -37,7 +38,6 @@ LOOP_KEYS = (
     "train/tokens",
     "train/last_finite_loss",
     "train/z_loss",  # coefficient included; train/loss stays the cross-entropy
-    "train/qk_clipped_heads",  # heads whose projections QK-clip rescaled after this step
     "val/loss",
     "val/ppl",
     "val/bpb",
@@ -54,13 +54,12 @@ LOOP_KEYS = (
 def resolve_probe(name: str) -> type[Probe]:
     """The probe class a ``train.probes`` entry names: a core probe's name, or ``package.module:Class``."""
     path = PROBES.get(name, name)
-    module, _, attribute = path.partition(":")
-    if not attribute:
+    if not path.partition(":")[2]:
         raise ValueError(
             f"train.probes: {name!r} is neither a core probe ({', '.join(PROBES)}) nor a path package.module:Class"
         )
     try:
-        probe = getattr(importlib.import_module(module), attribute)
+        probe = resolve(path)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"train.probes: {name!r} cannot be imported ({err})") from None
     if not (isinstance(probe, type) and issubclass(probe, Probe)):
@@ -69,8 +68,15 @@ def resolve_probe(name: str) -> type[Probe]:
 
 
 def declared_keys() -> tuple[str, ...]:
-    """Every key template that the core writes: the loop's, the gradients', and each core probe's."""
-    return LOOP_KEYS + GRADIENT_KEYS + tuple(key for name in PROBES for key in resolve_probe(name).keys)
+    """Every key template that the core writes: the loop's, the gradients', each core probe's and each post-step
+    hook's (training/post_step.py)."""
+    probe_keys = tuple(key for name in PROBES for key in resolve_probe(name).keys)
+    return (
+        LOOP_KEYS
+        + GRADIENT_KEYS
+        + probe_keys
+        + tuple(key for path in OPTION_HOOKS.values() for key in resolve(path).keys)
+    )
 
 
 @torch.no_grad()

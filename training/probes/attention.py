@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.attention import ScoresTap, masked_scores
+from model.attention import Attention
 from training.probes.base import Probe
 
 
@@ -17,7 +17,7 @@ from training.probes.base import Probe
 def attention_stats(logits: torch.Tensor) -> dict:
     """The largest pre-softmax logit per layer and per query head, and the mean attention entropy
     (nats) over allowed positions, from ``logits`` (batch, heads, queries, keys) as the softmax
-    receives them (``model.attention.masked_scores``: soft-capped, -inf where attending is not allowed).
+    receives them (``Attention.scores``: soft-capped where a variant caps them, -inf where attending is not allowed).
     """
     p = logits.softmax(dim=-1)
     entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1)
@@ -30,12 +30,12 @@ class AttentionLogits(Probe):
 
     def attach(self, model: nn.Module) -> None:
         for index, layer in enumerate(model.layers):
-            self.hook(layer.attn.scores, self._measure(index))
+            self.hook(layer.attn.scores_tap, self._measure(index, layer.attn))
 
-    def _measure(self, index: int):
-        def measure(module: ScoresTap, args, output) -> None:
-            q, k, start_pos, _ = args  # the logits before any learned sink joins them
-            stats = attention_stats(masked_scores(q.float(), k.float(), start_pos, module.softcap, module.scale))
+    def _measure(self, index: int, attention: Attention):
+        def measure(tap, args, output) -> None:
+            q, k, start_pos = args  # the logits before any learned sink joins them
+            stats = attention_stats(attention.scores(q.float(), k.float(), start_pos))
             self.values[f"attn/layers.{index}/max_logit"] = stats["max_logit"]
             self.values[f"attn/layers.{index}/entropy"] = stats["entropy"]
             for head, value in enumerate(stats["per_head"]):

@@ -19,13 +19,14 @@ Under train.parallel=fsdp each process rescales the rows of its own shard.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from model.attention import Attention
+from model.attention import Attention, masked_scores
 from training.distributed import Distributed
 
 
@@ -34,9 +35,21 @@ def attentions(model: nn.Module) -> list[Attention]:
 
 
 def track_max_logits(model: nn.Module) -> None:
-    """Make every attention of ``model`` keep its heads' largest logits, which ``qk_clip`` reads (before compiling)."""
+    """Make every attention of ``model`` keep each query head's largest pre-softmax logit (uncapped) of the training
+    forward passes since ``qk_clip`` last reset it, in a buffer ``max_logits``: a hook on the attention's scores tap
+    (before compiling), which costs one extra q k^T."""
     for attention in attentions(model):
-        attention.track_max_logits()
+        device = attention.qkv_proj.weight.device
+        attention.register_buffer("max_logits", torch.full((attention.n_heads,), float("-inf"), device=device), False)
+        attention.scores_tap.register_forward_hook(functools.partial(_keep_max_logits, attention))
+
+
+@torch.no_grad()
+def _keep_max_logits(attention: Attention, tap: nn.Module, args: tuple, output) -> None:
+    if attention.training:
+        q, k, start_pos = args
+        head_max = masked_scores(q, k, start_pos).amax(dim=(0, 2, 3))
+        attention.max_logits.copy_(torch.maximum(attention.max_logits, head_max.to(attention.max_logits.dtype)))
 
 
 def local_rows(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -83,6 +96,8 @@ class QKClip:
     """QK-clip at ``tau`` as a post-step hook: built before the model is compiled (its attentions then keep
     their largest logits), called after every optimizer step, reporting the heads it clipped."""
 
+    keys = ("train/qk_clipped_heads",)  # heads whose projections it rescaled after this step
+
     def __init__(self, model: nn.Module, tau: float, dist: Distributed) -> None:
         if model.on_sphere:
             raise ValueError(
@@ -98,4 +113,4 @@ class QKClip:
         track_max_logits(model)
 
     def __call__(self) -> dict[str, float]:
-        return {"train/qk_clipped_heads": qk_clip(self.model, self.tau, self.dist)}
+        return {self.keys[0]: qk_clip(self.model, self.tau, self.dist)}

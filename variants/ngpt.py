@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import Attention, KVCache, ScoresTap
+from model.attention import Attention, KVCache
 from model.blocks import Block
 from model.config import ModelConfig
 from model.mlp import SwiGLU
@@ -85,7 +85,7 @@ class NGPTAttention(Attention):
         self.q_unit, self.k_unit = norm_for(unit, "q", cfg.head_dim), norm_for(unit, "k", cfg.head_dim)
         self.s_q = ScaledVector(cfg.n_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
         self.s_k = ScaledVector(cfg.n_kv_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
-        self.scores = ScoresTap(None, scale=math.sqrt(cfg.head_dim))
+        self.score_scale = math.sqrt(cfg.head_dim)
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -97,8 +97,8 @@ class NGPTAttention(Attention):
         k = self.k_unit(k) * self.s_k().view(self.n_kv_heads, 1, self.head_dim)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)
-        self.scores(q, k, start_pos, None)
-        out = self._sdpa(q, k, v, start_pos, scale=self.scores.scale)
+        self.scores_tap(q, k, start_pos)
+        out = self._sdpa(q, k, v, start_pos, scale=self.score_scale)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -127,7 +127,7 @@ class NGPTBlock(Block):
     branch moves the hidden state towards its own (normalized) suggestion by a learned per-feature
     step, the "eigen learning rates" alpha_A and alpha_M (init 0.05, stored at scale 1/sqrt(d_model);
     used as |alpha|, as the authors' code does).
-    q and k are unit per head and scaled by s_qk (model/ngpt.py), the MLP's inputs by s_u and s_v;
+    q and k are unit per head and scaled by s_qk, the MLP's inputs by s_u and s_v;
     the model scales its logits by s_z and has no final norm; every matrix stays unit-norm along
     d_model (``normalize_weights``, after each optimizer step).
     """
@@ -172,7 +172,7 @@ class NormalizedTransformer(Transformer):
         # nGPT's logits are s_z * (h . w): unit h and unit w give cosines, which s_z scales (init 1)
         self.logit_scale = ScaledVector(cfg.vocab_size, 1.0, base_scale(cfg))
 
-    def block_types(self) -> list[type[Block]]:
+    def placement_blocks(self) -> list[type[Block]]:
         if self.cfg.layer_placements is not None:
             raise ValueError("nGPT is a whole model: norm.layer_placements cannot mix ngpt with other placements")
         return [NGPTBlock] * self.cfg.n_layers
