@@ -59,11 +59,12 @@ from training.config import DataConfig, LoggerConfig, Precision, check_values, c
 from training.data import build_validation
 from training.errors import NormlabError
 from training.evaluation import evaluate
-from training.loggers import WandbLogger, record_command
+from training.loggers import record_command
 from training.probes import PROBES, resolve_probe, run_probes
 from training.run_lock import discard_unused
 from training.runtime import autocast_context, resolve_device, resolve_precision
 from training.sharded_checkpoint import read_checkpoint
+from training.wandb_logger import WandbLogger
 
 log = logging.getLogger("normlab.eval")
 

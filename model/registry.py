@@ -13,7 +13,10 @@ module plugs in through what it exports, each optional:
                             overrides a slot (Attention.project, .attend, .mix_heads, .project_out; a block's
                             branches); the model combines the chosen ones into one class each
     refusal(cfg)            why the config cannot take the variant (one line naming the fix), or None
-    label(value, get)       its part of the run's label (training/variant.py); by default ``<field>_<value>``
+
+A placement's file may word its part of the run's label (``label(placement, get)``, training/variant.py); a
+switch's part is declared beside its field in the schema (model/config.py), which must be known before any
+variant is imported.
 """
 
 from __future__ import annotations

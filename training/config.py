@@ -286,7 +286,7 @@ class Config:
         None, ">= 1"
     )  # None: this process's share of the cores (training/cpu_threads.py)
     # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
-    variant: str = "${norm_variant:}"  # the label of training/variant.py's switches
+    variant: str = "${norm_variant:}"  # the label of the schema's switches (training/variant.py)
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)

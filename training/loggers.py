@@ -1,17 +1,12 @@
-"""Where a run's metrics rows go: metrics.jsonl always (training/metrics_file.py), and wandb when configured;
-and, once a run is accepted, its log (train.log) and Hydra's record of the command (.hydra/).
-
-wandb must never hang a run: with mode ``auto`` it goes online only when the user is logged
-in, waits at most ``logger.init_timeout`` seconds for the server, and otherwise runs offline
-inside the run directory and says how to upload it later.
+"""Where a run's metrics rows go: metrics.jsonl always (training/metrics_file.py), and wandb when configured
+(training/wandb_logger.py, imported only then); and, once a run is accepted, its log (train.log) and Hydra's
+record of the command (.hydra/).
 """
 
 from __future__ import annotations
 
 import logging
 import logging.handlers
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,71 +14,7 @@ from training.atomic import atomic_write_text
 from training.metrics_file import MetricsFile
 from training.run_record import append_resume, write_new_record
 
-log = logging.getLogger(__name__)
-
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-
-
-def _logged_in() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-
-
-class WandbLogger:
-    def __init__(
-        self, logger_cfg, run_dir: Path, run_name: str, group: str, config: dict, job_type: str = "train"
-    ) -> None:
-        import wandb
-
-        mode = str(logger_cfg.mode)
-        if mode == "auto":
-            mode = "online" if _logged_in() else "offline"
-            if mode == "offline":
-                log.info(
-                    "wandb: not logged in, logging offline; upload later with: wandb sync %s/wandb/offline-run-*",
-                    run_dir,
-                )
-        # A resumed run continues the same wandb run.
-        id_file = run_dir / "wandb_id.txt"
-        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
-        id_file.write_text(run_id)
-        kwargs = dict(
-            project=logger_cfg.project,
-            entity=logger_cfg.entity,
-            name=run_name,
-            group=group,
-            tags=list(logger_cfg.tags),
-            config=config,
-            dir=str(run_dir),
-            id=run_id,
-            resume="allow",
-            job_type=job_type,
-        )
-        try:
-            self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=logger_cfg.init_timeout), **kwargs)
-        except Exception as err:  # wandb raises its own CommError/UsageError types on a failed connection
-            if mode != "online":
-                raise
-            log.warning(
-                "wandb: could not reach the server (%s); logging offline instead. Upload later with: "
-                "wandb sync %s/wandb/offline-run-*",
-                err,
-                run_dir,
-            )
-            wandb.teardown()  # release the failed attempt's claim on the run id
-            self.run = wandb.init(mode="offline", **kwargs)
-        self.run.define_metric("step")
-        self.run.define_metric("*", step_metric="step")
-
-    def log(self, metrics: dict[str, Any]) -> None:
-        # No step=: wandb's own step must only grow, but a resumed run logs some steps again.
-        # Curves use the "step" key as their x-axis (define_metric above).
-        self.run.log(metrics)
-
-    def close(self) -> None:
-        self.run.finish()
 
 
 class Loggers:
@@ -140,6 +71,8 @@ def open_loggers(cfg, run_dir: Path, run_config: dict, data, resume: dict | None
         append_resume(run_dir, resume, run_config["runtime"])
     loggers = [MetricsFile(run_dir / "metrics.jsonl", resume_step=None if resume is None else resume["step"])]
     if cfg.logger.name == "wandb":
+        from training.wandb_logger import WandbLogger
+
         group = cfg.logger.group or f"{cfg.model.name}-{cfg.variant}"
         loggers.append(WandbLogger(cfg.logger, run_dir, cfg.run_name, group, run_config))
     return Loggers(loggers)
