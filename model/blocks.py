@@ -7,8 +7,9 @@ With F the attention or MLP branch and N a norm, each block applies, for F = att
     peri       h = x + N_out(F(N_in(x)))    Gemma 2/3, Peri-LN (Kim et al. 2025)
     reordered  h = x + N(F(x))              OLMo 2
 
-The papers' placements are blocks, layer mixes or models of their own in variants/, named in model/registry.py. A model may mix placements layer by layer (``layer_placements``). The model has a final norm when
-its last block wants one.
+The papers' placements are blocks, layer mixes or models of their own in variants/, named in
+model/registry.py. A model may mix placements layer by layer (``layer_placements``). The model has a
+final norm when its last block wants one.
 
 Where a norm directly follows a residual add (pre, peri, post), the add is handed to the norm
 (``norm(branch, residual=x)`` returns ``(N(x + branch), x + branch)``), which a fused norm
@@ -143,6 +144,11 @@ def layer_blocks(cfg: ModelConfig) -> list[type[Block]]:
     placements = cfg.layer_placements
     if placements is None:
         chosen = resolve(PLACEMENTS[cfg.placement])
+        if isinstance(chosen, type) and not _is_block(chosen):
+            raise ValueError(
+                f"norm.placement={cfg.placement} is a model of its own ({chosen.__name__}), not a block: build it "
+                "with model.build_model"
+            )
         placements = [cfg.placement] * cfg.n_layers if _is_block(chosen) else chosen(cfg)
     blocks = []
     for placement in placements:

@@ -32,6 +32,7 @@ _BACKENDS = {
 }
 
 NORM_NAMES: tuple[str, ...] = tuple(_NORMS)
+_loaded_backends: dict = {}
 
 
 def resolve(path: str):
@@ -51,8 +52,12 @@ def norm_class(name: str) -> type:
 
 
 def backend(name: str):
-    """The backend module registered as ``name``, imported the first time a norm that runs on it asks."""
-    return resolve(_BACKENDS[name])
+    """The backend module registered as ``name``, imported the first time a norm that runs on it asks (then read
+    from a dict, which torch.compile traces through where an import would break the graph)."""
+    module = _loaded_backends.get(name)
+    if module is None:
+        module = _loaded_backends[name] = resolve(_BACKENDS[name])
+    return module
 
 
 def norm_options(name: str) -> tuple[str, ...]:
