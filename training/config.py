@@ -31,7 +31,7 @@ from training.nonfinite import NAN_POLICIES
 from training.optim import OPTIMIZERS, WEIGHT_DECAY_MODES
 from training.run_record import register_run_name_resolvers
 from training.runtime import PRECISIONS
-from training.variant import label_keys
+from training.variant import label_keys, variant_label
 
 # ruff: noqa: UP006, UP045
 
@@ -106,7 +106,8 @@ class NormOptions:
     k: Optional[int] = checked(None, ">= 1")  # pRMSNorm: or their count
     bias: Optional[bool] = None
     cast_before_weight: Optional[bool] = None
-    gain: Optional[Gain] = field(default=None, metadata={"label": "gain_{value}", "quiet": ("standard",)})  # type: ignore[valid-type]  # standard | one_plus | none
+    # standard | one_plus | none; the label names any but the standard gain
+    gain: Optional[Gain] = field(default=None, metadata={"label": "gain_{value}", "quiet": ("standard",)})  # type: ignore[valid-type]
     alpha_init: Optional[float] = checked(None, "> 0")  # DyT, Derf
     shift_init: Optional[float] = None  # Derf
 
@@ -385,13 +386,17 @@ def build_model_config(cfg, vocab_size: int) -> ModelConfig:
     return ModelConfig(**values)
 
 
+# The labelled fields beside ModelConfig's (training/variant.py): the norm's options and the train group's.
+LABELLED_GROUPS = (("norm", NormOptions), ("train", TrainConfig))
+
+
 # Overrides of these keys show in the readable part of a run name (the variant label holds them);
 # others add a short hash.
 def run_name_keys() -> tuple[str, ...]:
-    return ("norm", "model", "seed", "run_name", *label_keys())
+    return ("norm", "model", "seed", "run_name", *label_keys(LABELLED_GROUPS))
 
 
 def register_configs() -> None:
-    register_run_name_resolvers(run_name_keys())
+    register_run_name_resolvers(run_name_keys(), lambda get: variant_label(get, LABELLED_GROUPS))
     store = ConfigStore.instance()
     store.store(name="normlab_schema", node=Config)

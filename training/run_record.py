@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ from training.atomic import atomic_write_text
 from training.checkpoint import load_newest_readable
 from training.errors import NormlabError
 from training.run_lock import LOCK_FILE
-from training.variant import variant_label
 
 RECORD = "config.yaml"
 
@@ -272,9 +272,9 @@ def overrides_tag(overrides: list[str], readable_keys: tuple[str, ...]) -> str:
     return "-h" + hashlib.sha1("\n".join(sorted(kept)).encode()).hexdigest()[:6]
 
 
-def register_run_name_resolvers(readable_keys: tuple[str, ...]) -> None:
-    """``${norm_variant:}`` (the label of the config it sits in, training/variant.py) and ``${overrides_tag:}``
-    (this process's Hydra overrides; "" outside Hydra)."""
+def register_run_name_resolvers(readable_keys: tuple[str, ...], label: Callable[[Callable[[str], Any]], str]) -> None:
+    """``${norm_variant:}`` (the label of the config it sits in: ``label`` of a lookup of its keys,
+    training/variant.py) and ``${overrides_tag:}`` (this process's Hydra overrides; "" outside Hydra)."""
 
     def resolve_overrides_tag() -> str:
         from hydra.core.hydra_config import HydraConfig
@@ -286,5 +286,5 @@ def register_run_name_resolvers(readable_keys: tuple[str, ...]) -> None:
     if not OmegaConf.has_resolver("overrides_tag"):
         OmegaConf.register_new_resolver("overrides_tag", resolve_overrides_tag)
         OmegaConf.register_new_resolver(
-            "norm_variant", lambda *, _root_: variant_label(lambda key: OmegaConf.select(_root_, key))
+            "norm_variant", lambda *, _root_: label(lambda key: OmegaConf.select(_root_, key))
         )

@@ -23,14 +23,15 @@ Lookup = Callable[[str], Any]  # a dotted config key -> its value
 READ_BY_PARTS = ("norm.qk_axis", "norm.post_fraction")  # keys the parts read besides their own
 
 
-def switches() -> list[tuple[str, Any, dict]]:
-    """Every labelled field as (its config key, its default, its metadata), in label order."""
-    from training.config import NormOptions, TrainConfig  # the schema imports this module: read it when asked
+Groups = tuple[tuple[str, type], ...]  # (group, its schema dataclass): the run config's other labelled fields
 
-    model = [(config_key(f), f) for f in dataclasses.fields(ModelConfig)]
-    rest = [(f"norm.{f.name}", f) for f in dataclasses.fields(NormOptions)]
-    rest += [(f"train.{f.name}", f) for f in dataclasses.fields(TrainConfig)]
-    return [(key, f.default, f.metadata) for key, f in model + rest if f.metadata.get("label")]
+
+def switches(groups: Groups = ()) -> list[tuple[str, Any, dict]]:
+    """Every labelled field as (its config key, its default, its metadata), in label order: ModelConfig's (the
+    norm and model groups), then each of ``groups``' (training/config.py: the norm's options, the train group)."""
+    fields = [(config_key(f), f) for f in dataclasses.fields(ModelConfig)]
+    fields += [(f"{group}.{f.name}", f) for group, schema in groups for f in dataclasses.fields(schema)]
+    return [(key, f.default, f.metadata) for key, f in fields if f.metadata.get("label")]
 
 
 def _placement_part(placement: str, get: Lookup) -> str | None:
@@ -40,12 +41,12 @@ def _placement_part(placement: str, get: Lookup) -> str | None:
     return module.label(placement, get) if hasattr(module, "label") else str(placement)
 
 
-def variant_label(get: Lookup) -> str:
+def variant_label(get: Lookup, groups: Groups = ()) -> str:
     """The label of the config that ``get`` reads: the norm's name, then each switch away from its default."""
     norm = get("norm.name")
     parts = [str(norm), _placement_part(str(get("norm.placement")), get)]
     over_all = "_all" if get("norm.qk_axis") == "all" else ""
-    for key, default, metadata in switches():
+    for key, default, metadata in switches(groups):
         value = get(key)
         if value is None or value == default or value in metadata.get("quiet", ()):
             continue
@@ -54,6 +55,6 @@ def variant_label(get: Lookup) -> str:
     return "-".join(part for part in parts if part is not None)
 
 
-def label_keys() -> tuple[str, ...]:
+def label_keys(groups: Groups = ()) -> tuple[str, ...]:
     """Every config key the label depends on."""
-    return ("norm.name", "norm.placement", *(key for key, _, _ in switches()), *READ_BY_PARTS)
+    return ("norm.name", "norm.placement", *(key for key, _, _ in switches(groups)), *READ_BY_PARTS)

@@ -3,8 +3,8 @@
 import pytest
 from tiny_runs import compose_config
 
-from training.config import RUN_NAME_KEYS
-from training.variant import SWITCHES, label_keys
+from training.config import LABELLED_GROUPS, run_name_keys
+from training.variant import label_keys, switches
 
 
 @pytest.mark.parametrize(
@@ -16,9 +16,9 @@ from training.variant import SWITCHES, label_keys
         (("norm.placement=mix_ln", "norm.post_fraction=0.5", "train.z_loss=1e-4"), "rmsnorm-mix_ln0.5-zloss0.0001"),
         (
             ("norm.gain=one_plus", "model.logit_softcap=30", "train.qk_clip=100"),
-            "rmsnorm-gain_one_plus-softcap30-qkclip100",
+            "rmsnorm-softcap30-gain_one_plus-qkclip100",  # the model's switches, the norm's gain, the train's
         ),
-        (("train.weight_decay_mode=independent", "model.outer_norm=rmsnorm"), "rmsnorm-wd_independent-outer_rmsnorm"),
+        (("train.weight_decay_mode=independent", "model.outer_norm=rmsnorm"), "rmsnorm-outer_rmsnorm-wd_independent"),
         (("+variant=rmsnorm_deepnorm",), "rmsnorm-deepnorm"),
         # the third part: q, k and v norms over all heads are another model than per head, so another label
         (("norm.qk=rmsnorm", "norm.v=rmsnorm"), "rmsnorm-qk-v"),
@@ -36,4 +36,7 @@ def test_the_label_names_each_switch_away_from_its_default(overrides, label):
 
 
 def test_every_switch_is_a_readable_run_name_key():
-    assert {switch.key for switch in SWITCHES} <= set(RUN_NAME_KEYS) and set(label_keys()) <= set(RUN_NAME_KEYS)
+    keys = set(run_name_keys())
+    labelled = {key for key, _, _ in switches(LABELLED_GROUPS)}
+    assert {"train.qk_clip", "norm.gain", "model.attn_gate", "norm.after_linear"} <= labelled
+    assert labelled <= keys and set(label_keys(LABELLED_GROUPS)) <= keys
