@@ -20,7 +20,7 @@ from analysis.unigram import compute_unigram_val_loss
 from model import Transformer
 from norms import NORM_NAMES, build_norm
 from training.checkpoint import load_checkpoint
-from training.config import RUN_NAME_KEYS, ConfigError, build_model_config
+from training.config import ConfigError, build_model_config, run_name_keys
 from training.nonfinite import TrainingDiverged
 from training.optim import build_optimizer, lr_at
 from training.run_record import overrides_tag
@@ -162,7 +162,7 @@ def test_rerunning_a_finished_run_trains_nothing_and_writes_nothing(tmp_path, ca
         ("train.nan_policy=ignore", "[stop, skip, record]"),
         (
             "norm.placement=sandwich",
-            "[pre, post, peri, reordered, deepnorm, hybrid, pre_qkv, mix_ln, hybrid_star, ngpt]",
+            "[pre, post, peri, reordered, deepnorm, hybrid, pre_qkv, hybrid_star, mix_ln, ngpt]",  # model/registry.py
         ),
         ("norm.qk_axis=rows", "[head, all]"),
         ("norm.gain=unit", "[standard, one_plus, none]"),
@@ -339,7 +339,7 @@ def test_multirun_sweeps_norms_and_placements(tmp_path, cache_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     runs = {p.name for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists()}
     # The tiny model's shorter schedule and batch are in the hash; the variant is in the readable name.
-    tag = overrides_tag(tiny_overrides(cache_dir, 2), RUN_NAME_KEYS)
+    tag = overrides_tag(tiny_overrides(cache_dir, 2), run_name_keys())
     variants = [
         f"{norm}{'' if placement == 'pre' else '-' + placement}"
         for norm in ("rmsnorm", "layernorm", "dyt")

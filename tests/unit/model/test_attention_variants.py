@@ -10,9 +10,13 @@ from torch import nn
 
 from model import ModelConfig, Transformer
 from model.attention import Attention
-from model.blocks import HybridBlock, PreQKVNormBlock
 from model.mlp import SwiGLU
+from model.registry import chosen_variants, combined
 from norms import rms_norm
+from variants.attention_sinks import SinkAttention
+from variants.gated_attention import GatedAttention
+from variants.hybridnorm import HybridBlock, PreQKVNormBlock
+from variants.simplenorm import SimpleNormAttention, SimpleNormSwiGLU
 
 D, HEADS, KV, HEAD_DIM, SEQ = 32, 4, 2, 8, 6
 
@@ -20,6 +24,15 @@ D, HEADS, KV, HEAD_DIM, SEQ = 32, 4, 2, 8, 6
 def tiny(**overrides) -> ModelConfig:
     base = dict(vocab_size=97, d_model=D, n_layers=3, n_heads=HEADS, n_kv_heads=KV, max_seq_len=32, mlp_multiple_of=16)
     return ModelConfig(**{**base, **overrides})
+
+
+def attention(cfg: ModelConfig) -> Attention:
+    """The attention the model builds for ``cfg``: Attention with the chosen variants' parts (model/registry.py)."""
+    return combined(Attention, chosen_variants(cfg), "ATTENTION")(cfg)
+
+
+def swiglu(cfg: ModelConfig) -> SwiGLU:
+    return combined(SwiGLU, chosen_variants(cfg), "MLP")(cfg)
 
 
 def _no_rope():
@@ -68,7 +81,8 @@ def test_qkv_norm_normalizes_v_too(axis):
 def test_simplenorm_normalizes_every_projections_output():
     torch.manual_seed(0)
     cfg = tiny(after_linear_norm="rmsnorm")
-    attn, mlp = Attention(cfg).eval(), SwiGLU(cfg)
+    attn, mlp = attention(cfg).eval(), swiglu(cfg)
+    assert isinstance(attn, SimpleNormAttention) and isinstance(mlp, SimpleNormSwiGLU)
     _random_gains(attn), _random_gains(mlp)
     x = torch.randn(2, SEQ, D)
 
@@ -114,7 +128,8 @@ class _Constant(nn.Module):
 @pytest.mark.parametrize("kind, width", [("headwise", HEADS), ("elementwise", HEADS * HEAD_DIM)])
 def test_the_output_gate_multiplies_each_head_by_a_sigmoid_of_the_input(kind, width):
     torch.manual_seed(0)
-    gated = Attention(tiny(attn_gate=kind)).eval()
+    gated = attention(tiny(attn_gate=kind)).eval()
+    assert isinstance(gated, GatedAttention)
     plain = Attention(tiny()).eval()
     plain.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("gate_proj")})
     x = torch.randn(2, SEQ, D)
@@ -127,7 +142,8 @@ def test_the_output_gate_multiplies_each_head_by_a_sigmoid_of_the_input(kind, wi
 
 def test_a_learned_sink_joins_the_softmax_denominator():
     torch.manual_seed(0)
-    sunk = Attention(tiny(attn_sink="learned")).eval()
+    sunk = attention(tiny(attn_sink="learned")).eval()
+    assert isinstance(sunk, SinkAttention)
     plain = Attention(tiny()).eval()
     plain.load_state_dict({k: v for k, v in sunk.state_dict().items() if k != "sink_logits"})
     x = torch.randn(2, SEQ, D)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from model import ModelConfig, Transformer
 from model.attention import Attention
-from model.blocks import BLOCKS
+from model.blocks import block_placements
 from norms import NORM_NAMES, rms_norm
 
 
@@ -16,7 +16,7 @@ def tiny(**overrides) -> ModelConfig:
 
 
 # Placements that take any norm type; nGPT's block, which needs its L2 norm, is tests/unit/model/test_ngpt.py's.
-ANY_NORM = list(BLOCKS)  # every block takes any norm type (nGPT, a model of its own, takes its L2 norm)
+ANY_NORM = block_placements()  # every block takes any norm type (nGPT, a model of its own, takes its L2 norm)
 
 
 @pytest.mark.parametrize("qk", [False, True], ids=["no_qk", "qk_head"])
@@ -175,7 +175,7 @@ def test_qk_norm_of_another_type_takes_only_its_own_options():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(placement="sandwich"), "unknown norm.placement 'sandwich'; choose one of: pre, post, peri, reordered"),
+        (dict(placement="sandwich"), "norm.placement must be one of pre, post, peri, reordered, .*got 'sandwich'"),
         (dict(qk_norm="batchnorm"), "unknown norm 'batchnorm'"),
         (dict(qk_norm="rmsnorm", qk_axis="rows"), "norm.qk_axis must be one of head, all"),
         (dict(norm_role_options={"attention": {}}), "unknown role\\(s\\) attention; the roles are: attn_in"),

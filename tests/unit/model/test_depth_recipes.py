@@ -7,8 +7,12 @@ import pytest
 import torch
 
 from model import ModelConfig, Transformer
-from model.blocks import DeepNormBlock, PostNormBlock, PreNormBlock, layer_placements
+from model.blocks import PostNormBlock, PreNormBlock, layer_blocks
+from model.registry import chosen_variants, combined
 from training.optim import build_optimizer, lr_at
+from variants.deepnorm import DeepNormBlock
+from variants.mix_ln import mix_ln
+from variants.op_block import ScaledBranches
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -48,8 +52,10 @@ def test_mix_ln_puts_post_norm_in_the_first_layers_and_pre_norm_after():
     model = Transformer(tiny(placement="mix_ln", post_fraction=0.25, n_layers=8))
     assert [type(layer) for layer in model.layers] == [PostNormBlock] * 2 + [PreNormBlock] * 6
     assert model.final_norm is not None  # the last block is pre-norm
-    assert layer_placements(tiny(placement="mix_ln", post_fraction=0.5)) == ["post", "post", "pre", "pre"]
-    assert layer_placements(tiny(placement="mix_ln", post_fraction=0.3)) == ["post", "pre", "pre", "pre"]  # floor
+    assert mix_ln(tiny(placement="mix_ln", post_fraction=0.5)) == ["post", "post", "pre", "pre"]
+    assert mix_ln(tiny(placement="mix_ln", post_fraction=0.3)) == ["post", "pre", "pre", "pre"]  # floor
+    assert layer_blocks(tiny(placement="mix_ln", post_fraction=0.5)) == [PostNormBlock] * 2 + [PreNormBlock] * 2
+    assert layer_blocks(tiny(placement="mix_ln", post_fraction=0.3)) == [PostNormBlock] + [PreNormBlock] * 3
     all_post = Transformer(tiny(placement="mix_ln", post_fraction=1.0))
     assert all(isinstance(layer, PostNormBlock) for layer in all_post.layers) and all_post.final_norm is None
 
@@ -183,11 +189,13 @@ def test_the_op_block_has_norms_only_at_both_ends_and_on_q_and_k():
 
 def test_residual_scale_multiplies_each_branch_output_not_the_stream():
     torch.manual_seed(0)
-    block = PreNormBlock(tiny(residual_scale=0.2), 0)
+    cfg = tiny(residual_scale=0.2)
+    block = combined(PreNormBlock, chosen_variants(cfg), "BLOCK")(cfg, 0)  # the block the model builds
+    assert isinstance(block, PreNormBlock) and isinstance(block, ScaledBranches)
     x = torch.randn(2, 5, 32)
     cos, sin = Transformer(tiny()).rope_cos[:5], Transformer(tiny()).rope_sin[:5]
     h = x + 0.2 * block.attn(block.attn_norm(x), cos, sin, None, 0)
     expected = h + 0.2 * block.mlp(block.mlp_norm(h))
     torch.testing.assert_close(block(x, cos, sin), expected)
-    with pytest.raises(ValueError, match="model.residual_scale must be > 0"):
+    with pytest.raises(ValueError, match=r"model.residual_scale=0.0 is not allowed: it must be > 0 or null"):
         tiny(residual_scale=0.0)

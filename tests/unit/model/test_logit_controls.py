@@ -11,7 +11,8 @@ from model.attention import Attention, allowed_positions, attention_scores
 from model.loss import _FusedLinearCrossEntropy, fused_linear_cross_entropy, softcap
 from model.rope import rope_tables
 from training.distributed import Distributed
-from training.qk_clip import qk_clip
+from variants.qk_clip import qk_clip, track_max_logits
+from variants.score_softcap import SoftCappedAttention
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -96,7 +97,7 @@ def test_final_soft_cap_bounds_the_logits_in_forward_and_generate():
 def _attention_by_hand(attn: Attention, x, cos, sin, cap):
     """Softmax of the capped scores, from the module's own q, k, v."""
     captured = {}
-    handle = attn.scores.register_forward_hook(lambda m, args, out: captured.update(q=args[0], k=args[1]))
+    handle = attn.scores_tap.register_forward_hook(lambda m, args, out: captured.update(q=args[0], k=args[1]))
     attn(x, cos, sin)
     handle.remove()
     q, k = captured["q"], captured["k"]
@@ -112,6 +113,7 @@ def test_attention_soft_cap_is_applied_to_the_scores():
     torch.manual_seed(0)
     model = Transformer(tiny(attn_softcap=1.5)).double()
     attn = model.layers[0].attn
+    assert isinstance(attn, SoftCappedAttention) and attn.softcap == 1.5
     x = torch.randn(2, 6, 32, dtype=torch.float64)
     cos, sin = model.rope_cos[:6].double(), model.rope_sin[:6].double()
     torch.testing.assert_close(attn(x, cos, sin), _attention_by_hand(attn, x, cos, sin, 1.5))
@@ -140,15 +142,16 @@ def _attention(n_kv_heads: int = 2, scale: float = 1.0):
     attn = Attention(cfg)
     with torch.no_grad():
         attn.qkv_proj.weight.normal_(0, 0.02 * scale)
-    attn.track_max_logits()
+    model = torch.nn.ModuleList([attn])
+    track_max_logits(model)
     cos, sin = rope_tables(cfg.head_dim, 12, cfg.rope_theta)
-    return torch.nn.ModuleList([attn]), attn, (torch.randn(2, 12, 32), cos, sin)
+    return model, attn, (torch.randn(2, 12, 32), cos, sin)
 
 
 def _head_max_logits(attn: Attention, inputs) -> torch.Tensor:
     """Each query head's largest allowed pre-softmax logit on ``inputs``, by hand from the module's q and k."""
     seen = []
-    hook = attn.scores.register_forward_hook(
+    hook = attn.scores_tap.register_forward_hook(
         lambda m, args, out: seen.append(
             attention_scores(args[0], args[1])
             .masked_fill(~allowed_positions(args[0].shape[2], 0, args[0].device), float("-inf"))

@@ -1,4 +1,4 @@
-"""nGPT (model/ngpt.py): its block as its formula, unit vectors everywhere, its post-step hook, refusals."""
+"""nGPT (variants/ngpt.py): its block as its formula, unit vectors everywhere, its post-step hook, refusals."""
 
 import contextlib
 import math
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from model import ModelConfig, Transformer, build_model
-from model.ngpt import NormalizedTransformer, ScaledVector
 from model.rope import apply_rope
 from training.probes import resolve_probe, run_probes
+from variants.ngpt import NormalizedTransformer, ScaledVector
 
 
 def ngpt(**overrides) -> ModelConfig:

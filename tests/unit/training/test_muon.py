@@ -1,4 +1,4 @@
-"""training/muon.py: Muon for the blocks' matrices beside AdamW, as training/optim.py builds it."""
+"""variants/muon.py: Muon for the blocks' matrices beside AdamW, as training/optim.py builds it."""
 
 import copy
 from types import SimpleNamespace
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from model import ModelConfig, Transformer
-from training.muon import MuonWithAdamW, block_matrices
 from training.optim import build_optimizer, optimizer_groups
+from variants.muon import MuonWithAdamW, block_matrices
 
 CPU = torch.device("cpu")
 

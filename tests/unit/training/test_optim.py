@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import torch
 
 from model import ModelConfig, Transformer
-from training.muon import block_matrices
 from training.optim import build_optimizer, memory_per_rank
+from variants.muon import block_matrices
 
 
 def _train_cfg(optimizer: str = "muon") -> SimpleNamespace:

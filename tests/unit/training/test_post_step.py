@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from model import ModelConfig, build_model
 from training.distributed import Distributed
 from training.post_step import post_step_hooks
-from training.qk_clip import QKClip
+from variants.qk_clip import QKClip
 
 
 def tiny(**overrides) -> ModelConfig:
