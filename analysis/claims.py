@@ -79,6 +79,9 @@ class Claim:
     # What the claim is about must be there in the against arm: {statistic: <name>, min: x} (its mean over the
     # seeds that have it); a claim that a gate removes sinks cannot be tested where no sink formed.
     requires: Dict[str, Any] = field(default_factory=dict)
+    # The paper's smallest setting in words, where it lies far from the study's scale ("151M parameters, 16
+    # layers"): stated beside the verdict, which holds at the study's scale only.
+    paper_scale: str = ""
 
     def __post_init__(self) -> None:
         if self.expect not in EXPECTATIONS:
@@ -164,6 +167,7 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
         "margin": claim.margin,
         "arm": arm,
         "against": against,
+        **({"paper_scale": claim.paper_scale} if claim.paper_scale else {}),
     }
     reason = preconditions_fail(claim, study, arm, against)
     if reason is not None:
@@ -199,7 +203,31 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     )
     if comparison.ci95 is None:
         result["reason"] = "one seed: no interval"
-    return result
+    return with_equivalence(result)
+
+
+def with_equivalence(claim: dict) -> dict:
+    """A non-inferiority claim with its equivalence reading beside it (``equivalence``: the same differences
+    within ±margin, two one-sided tests): a parity claim read both ways, so that a verdict that holds under one
+    reading only says so. Holm's correction of it is ``with_holm``'s."""
+    if claim["expect"] == "not_worse" and claim.get("values_arm") is not None:
+        differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+        comparison = paired_comparison(differences, "similar", claim["margin"])
+        claim["equivalence"] = {
+            "verdict": comparison.verdict,
+            "p": comparison.p,
+            "test": test_named("similar", claim["margin"]),
+        }
+    return claim
+
+
+def equivalence_words(claim: dict) -> str:
+    """A parity claim's equivalence reading in words, for the tables beside its verdict ("" for other claims)."""
+    other = claim.get("equivalence")
+    if other is None:
+        return ""
+    p_holm = "–" if other.get("p_holm") is None else f"{other['p_holm']:.3g}"
+    return f"; read as equivalence within ±{claim['margin']:g}: {other['verdict']} (p_holm {p_holm})"
 
 
 def with_holm(evaluated: list[dict]) -> list[dict]:
@@ -215,6 +243,12 @@ def with_holm(evaluated: list[dict]) -> list[dict]:
                 f"{len(tested)} tested claims (p_holm = {adjusted:.3g})"
             )
             claim["verdict"] = "inconclusive"
+    for index, claim in enumerate(tested):  # the other reading, in the same family in the claim's place
+        other = claim.get("equivalence")
+        if other is not None and other["p"] is not None:
+            other["p_holm"] = holm([c["p"] if i != index else other["p"] for i, c in enumerate(tested)])[index]
+            if other["verdict"] in ("agrees", "disagrees") and not other["p_holm"] < FAMILY_ALPHA:
+                other["verdict"] = "inconclusive"
     return evaluated
 
 
@@ -346,4 +380,5 @@ def regrade(
             test=test_named(claim["expect"], claim.get("margin", 0.0)),
             verdict=comparison.verdict,
         )
+        with_equivalence(claim)
     return with_holm(claims)

@@ -30,7 +30,7 @@ import argparse
 import json
 from pathlib import Path
 
-from analysis.claims import claims_of, evaluate_claim, with_holm
+from analysis.claims import claims_of, equivalence_words, evaluate_claim, with_holm
 from analysis.format import interval, number
 from analysis.labels import shared_switches
 from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid, read_plan
@@ -134,10 +134,38 @@ def seed_range(seeds: list[int]) -> str:
     return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
 
 
+def study_scale(study: Study) -> dict:
+    """The scale every verdict of the study holds at, from the baseline's run record: its parameters, steps,
+    sequence length, the tokens it trained on and their number per parameter."""
+    config = study.config(study.baseline)
+    runtime, train = config.get("runtime", {}), config.get("train", {})
+    params, steps, step_tokens = runtime.get("params"), train.get("max_steps"), runtime.get("global_batch_tokens")
+    tokens = steps * step_tokens if steps and step_tokens else None
+    return {
+        "params": params,
+        "steps": steps,
+        "seq_len": train.get("seq_len") or config.get("model", {}).get("max_seq_len"),
+        "tokens": tokens,
+        "tokens_per_param": tokens / params if tokens and params else None,
+    }
+
+
+def scale_words(scale: dict) -> str:
+    if None in scale.values():
+        return "not recorded in full by its runs (" + ", ".join(f"{k} {number(v)}" for k, v in scale.items()) + ")"
+    return (
+        f"{scale['params'] / 1e6:.2f}M parameters, {scale['steps']:,} steps of {scale['seq_len']}-token sequences, "
+        f"{scale['tokens'] / 1e6:.1f}M tokens ({scale['tokens_per_param']:.1f} per parameter)"
+    )
+
+
 def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
-    """The study's machine-readable results (study.json): every number the report states."""
+    """The study's machine-readable results (study.json): every number the report states; every claim carries the
+    study's scale."""
+    scale = study_scale(study)
     return {
         "metric": metric,
+        "scale": scale,
         "initial_loss": study.results[0].initial_loss,
         "unigram_loss": study.unigram_loss,
         "trained_line": None if study.unigram_loss is None else study.unigram_loss - TRAINED_MARGIN,
@@ -157,7 +185,7 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
             for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
         ],
         "variants": {name: variant_json(study, name) for name in study.summaries},
-        "claims": [{**c, "ci95": list(c["ci95"]) if c.get("ci95") else None} for c in evaluated],
+        "claims": [{**c, "ci95": list(c["ci95"]) if c.get("ci95") else None, "scale": scale} for c in evaluated],
     }
 
 
@@ -180,6 +208,9 @@ def claims_table(claims: list[dict]) -> str:
         values = f"{number(c['value_arm'])} vs {number(c['value_against'])}" if "value_arm" in c else "–"
         difference = f"{c['difference']:+.3g}{interval(c.get('ci95'), '+.3g')}" if "difference" in c else "–"
         reason = f" ({c['reason']})" if c.get("reason") else ""
+        reason += equivalence_words(c)
+        if c.get("paper_scale"):
+            reason += f"; the paper's smallest setting: {c['paper_scale']}"
         expect = expectation(c)
         lines.append(
             f"| {c['claim']} (expect {expect}) | {c['source']} | {c['statistic']}, {c['read']} | "
@@ -341,6 +372,7 @@ is a configuration in which the statistic is bounded by construction, or lies ou
 otherwise the per-seed differences (arm − against; selection seeds for statistics of the whole curve, report
 seeds for those read at the best rate) give the 95% interval, the p-value of the paired t-test (of the two
 one-sided tests against the margin for "similar") and the verdict, which agree: no "agrees" at p ≥ 0.05.
+Every verdict holds at this study's scale: {scale_words(data["scale"])}.
 
 {claims_table(evaluated)}
 

@@ -37,9 +37,9 @@ def write_run(
         "variant": variant,
         "norm": {"name": parts[0], "placement": placement, "qk": parts[0] if "qk" in parts else None},
         "seed": seed,
-        "model": {"name": model, "n_layers": n_layers, "d_model": 64},
+        "model": {"name": model, "n_layers": n_layers, "d_model": 64, "max_seq_len": 128},
         "train": {"lr": lr, "max_steps": 20},
-        "runtime": {"vocab_size": VOCAB, "global_batch_tokens": 2048},
+        "runtime": {"vocab_size": VOCAB, "global_batch_tokens": 2048, "params": 10240},
     }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     (run / "tokenizer.json").write_text(tokenizer)

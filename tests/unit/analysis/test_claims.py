@@ -1,6 +1,7 @@
 """analysis/claims.py: the one rule that decides "not tested", and the verdict of one paired comparison."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,6 +21,8 @@ from analysis.results import load_results
 from analysis.runs import RunsError
 from analysis.stats import paired_comparison
 from analysis.study import Study, first_step_at
+
+ROOT = Path(__file__).resolve().parents[3]
 
 GRID = {
     "rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6},
@@ -354,3 +357,19 @@ def test_a_claim_that_removes_a_phenomenon_is_not_tested_where_it_never_formed(t
     assert never["reason"] == (
         "what the claim removes is not there: rmsnorm's sink_mass_at_best is 0.06, below the 0.1 the claim needs"
     )
+
+
+def test_a_parity_claim_is_read_as_equivalence_too_in_its_own_place_in_the_family():
+    """The budget study's second edition, regraded: RMSNorm is no worse than LayerNorm within 0.05 after Holm
+    (p_holm 0.042), and the same differences read as equivalence within ±0.05 are inconclusive after Holm
+    (twice the larger one-sided p, 0.016, in the parity claim's place among the four: 0.064), as a referee
+    recomputed them with scipy."""
+    data = json.loads((ROOT / "docs/study/budget/study.json").read_text())
+    claims = regrade([dict(c) for c in data["claims"]], untrained=lambda claim: [], regime_fails=lambda claim: None)
+    parity = claims[0]
+    assert parity["verdict"] == "agrees" and parity["p_holm"] == pytest.approx(0.042, abs=5e-4)
+    other = parity["equivalence"]
+    assert other["verdict"] == "inconclusive" and other["p_holm"] == pytest.approx(0.064, abs=1e-3)
+    differences = [a - b for a, b in zip(parity["values_arm"], parity["values_against"])]
+    assert other["p"] == pytest.approx(paired_comparison(differences, "similar", 0.05).p)
+    assert all("equivalence" not in c for c in claims[2:])  # the "lower" claims have one reading

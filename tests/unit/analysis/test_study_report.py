@@ -47,6 +47,10 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     data = json.loads((out / "study.json").read_text())
     assert data["learning_rates"] == [0.001, 0.01, 0.1] and data["unigram_loss"] is None
     assert len(data["cells"]) == 4 * (3 * 3 + 2)
+    # The scale every verdict holds at, from the baseline's record: 20 steps of 2,048 tokens over 10,240 parameters.
+    scale = {"params": 10240, "steps": 20, "seq_len": 128, "tokens": 40960, "tokens_per_param": 4.0}
+    assert data["scale"] == scale and all(claim["scale"] == scale for claim in data["claims"])
+    assert "Every verdict holds at this study's scale: 0.01M parameters, 20 steps" in report
     diverged = next(c for c in data["cells"] if (c["variant"], c["lr"], c["seed"]) == ("rmsnorm", 0.1, 0))
     assert diverged == {**diverged, "loss": None, "diverged": True, "heldout_loss": L0} and diverged["steps"] > 0
     rms = data["variants"]["rmsnorm"]
