@@ -316,7 +316,7 @@ def write_report(
         )
     logit_note = (
         f"at lr {reference:g} (the highest rate at which every selection seed of the baseline trained)"
-        + (f" and {above:g} (the next one up)" if above else " (the highest rate of the grid)")
+        + (f" and {above:g} (the next one up)" if above else " (the highest rate of the common grid)")
         if reference
         else "(the baseline trained at no rate of the grid)"
     )
