@@ -43,6 +43,9 @@ class FusedRMSNorm(RMSNorm):
         ops = registry.backend("triton_rms_norm")
         if residual is None or ops.kernel_backend(x.device) == "reference":
             return super().forward(x, residual)
+        if x.dtype != residual.dtype:  # the sum in the dtype x + residual has: a bf16 branch onto a float32 stream
+            dtype = torch.promote_types(x.dtype, residual.dtype)
+            x, residual = x.to(dtype), residual.to(dtype)
         normalized, total = ops.fused_add_rms_norm(x, residual, self.weight, self.eps, self.k, **self._options())
         return self.scaled(normalized), total
 

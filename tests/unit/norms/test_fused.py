@@ -219,6 +219,19 @@ def test_float64_takes_the_exact_reference_path():
     assert torch.autograd.gradcheck(lambda x, w: fused_add_rms_norm(x, x * 2, w, k=5)[0], (x, w))
 
 
+def test_a_lower_precision_branch_onto_a_float32_stream_sums_as_torch_promotes():
+    """Under bf16 autocast a branch's output is bf16 and the residual stream float32: the fused norm adds them in
+    the dtype ``x + residual`` has, as the reference norm does, instead of refusing the pair."""
+    torch.manual_seed(0)
+    fused, plain = FusedRMSNorm(40).to(DEVICE), build_norm("rmsnorm", 40).to(DEVICE)
+    branch = torch.randn(3, 40, device=DEVICE, dtype=torch.bfloat16)
+    stream = torch.randn(3, 40, device=DEVICE)
+    (normed, total), (want_normed, want_total) = fused(branch, residual=stream), plain(branch, residual=stream)
+    assert total.dtype == normed.dtype == torch.float32
+    torch.testing.assert_close(total, want_total, rtol=0, atol=0)
+    torch.testing.assert_close(normed, want_normed)
+
+
 def test_interpreter_backend_is_reported():
     expected = "triton" if DEVICE == "cuda" else "triton-interpreter"
     assert kernel_backend(DEVICE) == expected
