@@ -22,7 +22,6 @@ variant is imported.
 from __future__ import annotations
 
 import functools
-from dataclasses import fields
 from types import ModuleType
 
 from norms.registry import resolve
@@ -54,10 +53,10 @@ SWITCHES = {
 def chosen_variants(cfg) -> list[ModuleType]:
     """The variants' modules that ``cfg`` (a ModelConfig) switches on, each once, in SWITCHES' order; each
     refuses a config it cannot take (ValueError, one line naming the fix)."""
-    defaults = {f.name: f.default for f in fields(cfg)}
+    default = type(cfg)()
     modules = []
     for name, path in SWITCHES.items():
-        if getattr(cfg, name) != defaults[name] and (module := resolve(path)) not in modules:
+        if getattr(cfg, name) != getattr(default, name) and (module := resolve(path)) not in modules:
             modules.append(module)
     for module in modules:
         refusal = getattr(module, "refusal", lambda cfg: None)(cfg)

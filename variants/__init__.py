@@ -15,6 +15,7 @@
 
 model/registry.py maps each placement and model switch to its file; training/optim.py and
 training/post_step.py map the training switches (train.optimizer, train.qk_clip). A variant plugs into
-the core's slots by subclassing (model/attention.py, model/mlp.py, model/blocks.py), says what it refuses
-to combine with in one place, and may give its part of the run's label.
+the core's slots by subclassing (model/attention.py, model/mlp.py, model/blocks.py), refuses what it cannot
+combine with in its own file (``refusal(cfg)`` for a config, or its classes' constructors for what only the
+built model shows), and a placement may word its part of the run's label.
 """
