@@ -29,7 +29,9 @@ The rule, the same for every claim and decided by the engine, never by hand:
    role the statistic needs; the arm's own values for a one-arm claim) go through ``analysis.stats.paired_comparison``: **agrees**,
    **disagrees** or **inconclusive**, with the 95% interval and the p-value of the same test.
 3. A study's tested claims are one family (``with_holm``): Holm's adjusted p sits beside p, and a claim
-   agrees or disagrees only where the adjusted p is below 0.05 as well.
+   agrees or disagrees only where the adjusted p is below 0.05 as well. A claim whose arms have not run yet
+   (``unrun``: a study reported part way, one claim's arms first) stays in the family at p = 1, so a partial
+   report's correction is never weaker than the finished study's.
 """
 
 import statistics
@@ -171,7 +173,8 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     }
     reason = preconditions_fail(claim, study, arm, against)
     if reason is not None:
-        return {**result, "verdict": "not tested", "reason": reason}
+        unrun = arm is None or (claim.against is not None and against is None)
+        return {**result, "verdict": "not tested", "reason": reason, **({"unrun": True} if unrun else {})}
     pairs = {}  # seed -> (arm's value, against's value, or 0 for a one-arm claim), for the seeds that have both
     for seed in seeds_for(study, statistic, *(v for v in (arm, against) if v is not None)):
         if statistic.pairwise:
@@ -203,7 +206,7 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     )
     if comparison.ci95 is None:
         result["reason"] = "one seed: no interval"
-    return with_equivalence(result)
+    return with_influence(with_equivalence(result))
 
 
 def with_equivalence(claim: dict) -> dict:
@@ -221,6 +224,41 @@ def with_equivalence(claim: dict) -> dict:
     return claim
 
 
+def with_influence(claim: dict) -> dict:
+    """A tested claim with its most influential seed beside it (``most_influential_seed``): the seed whose
+    difference lies furthest from the mean (removing it moves the mean most), and the difference, interval and
+    p of the same test without it. A reading, never a verdict: it shows whether one seed (a stalled run)
+    decides the claim. Only where 3 seeds or more remain."""
+    if claim.get("values_arm") is None or len(claim["values_arm"]) < 4:
+        return claim
+    differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+    mean = statistics.fmean(differences)
+    index = max(range(len(differences)), key=lambda i: abs(differences[i] - mean))
+    rest = paired_comparison(
+        differences[:index] + differences[index + 1 :], claim["expect"], claim.get("margin") or 0.0
+    )
+    seeds = claim.get("seeds")
+    claim["most_influential_seed"] = {
+        "seed": seeds[index] if isinstance(seeds, list) else None,
+        "difference": rest.difference,
+        "ci95": list(rest.ci95),
+        "p": rest.p,
+    }
+    return claim
+
+
+def influence_words(claim: dict) -> str:
+    """A claim's most influential seed in words, for the tables beside its verdict ("" where it has none)."""
+    seed = claim.get("most_influential_seed")
+    if seed is None:
+        return ""
+    low, high = seed["ci95"]
+    return (
+        f"; without seed {seed['seed']}, the most influential: {seed['difference']:+.3g} [{low:+.3g}, {high:+.3g}], "
+        f"p {seed['p']:.3g} (a reading, not a verdict)"
+    )
+
+
 def equivalence_words(claim: dict) -> str:
     """A parity claim's equivalence reading in words, for the tables beside its verdict ("" for other claims)."""
     other = claim.get("equivalence")
@@ -233,20 +271,23 @@ def equivalence_words(claim: dict) -> str:
 def with_holm(evaluated: list[dict]) -> list[dict]:
     """A study's evaluated claims as one family: ``p_holm`` (Holm's adjusted p over every claim that has a
     p) beside ``p``, and a verdict of agrees or disagrees kept only where ``p_holm`` < 0.05 too; a verdict
-    that does not survive reads inconclusive, and ``reason`` says so with both p-values."""
+    that does not survive reads inconclusive, and ``reason`` says so with both p-values. Each claim whose
+    arms have not run yet (``unrun``) counts in the family at p = 1."""
     tested = [c for c in evaluated if c.get("p") is not None and c["verdict"] != "not tested"]
-    for claim, adjusted in zip(tested, holm([c["p"] for c in tested])):
+    unrun = [1.0] * sum(1 for c in evaluated if c.get("unrun"))
+    family = f"{len(tested)} tested claims" + (f" and {len(unrun)} not yet run, at p = 1" if unrun else "")
+    for claim, adjusted in zip(tested, holm([c["p"] for c in tested] + unrun)):
         claim["p_holm"] = adjusted
         if claim["verdict"] in ("agrees", "disagrees") and not adjusted < FAMILY_ALPHA:
             claim["reason"] = (
                 f"{claim['verdict']} at p = {claim['p']:.3g}, but not after Holm's correction over the study's "
-                f"{len(tested)} tested claims (p_holm = {adjusted:.3g})"
+                f"{family} (p_holm = {adjusted:.3g})"
             )
             claim["verdict"] = "inconclusive"
     for index, claim in enumerate(tested):  # the other reading, in the same family in the claim's place
         other = claim.get("equivalence")
         if other is not None and other["p"] is not None:
-            other["p_holm"] = holm([c["p"] if i != index else other["p"] for i, c in enumerate(tested)])[index]
+            other["p_holm"] = holm([c["p"] if i != index else other["p"] for i, c in enumerate(tested)] + unrun)[index]
             if other["verdict"] in ("agrees", "disagrees") and not other["p_holm"] < FAMILY_ALPHA:
                 other["verdict"] = "inconclusive"
     return evaluated
@@ -364,7 +405,16 @@ def regrade(
         if why is None and claim.get("values_arm") is None:
             why = "its per-seed values were not kept, and neither its study.json nor its runs have them: its paired test cannot be recomputed"
         if why:
-            for key in ("difference", "ci95", "p", "p_holm", "test", "value_arm", "value_against"):
+            for key in (
+                "difference",
+                "ci95",
+                "p",
+                "p_holm",
+                "test",
+                "value_arm",
+                "value_against",
+                "most_influential_seed",
+            ):
                 claim.pop(key, None)
             claim.update(verdict="not tested", reason=why)
             continue
@@ -380,5 +430,5 @@ def regrade(
             test=test_named(claim["expect"], claim.get("margin", 0.0)),
             verdict=comparison.verdict,
         )
-        with_equivalence(claim)
+        with_influence(with_equivalence(claim))
     return with_holm(claims)

@@ -30,7 +30,7 @@ import argparse
 import json
 from pathlib import Path
 
-from analysis.claims import claims_of, equivalence_words, evaluate_claim, with_holm
+from analysis.claims import claims_of, equivalence_words, evaluate_claim, influence_words, with_holm
 from analysis.format import interval, number
 from analysis.labels import shared_switches
 from analysis.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid, read_plan
@@ -208,7 +208,7 @@ def claims_table(claims: list[dict]) -> str:
         values = f"{number(c['value_arm'])} vs {number(c['value_against'])}" if "value_arm" in c else "–"
         difference = f"{c['difference']:+.3g}{interval(c.get('ci95'), '+.3g')}" if "difference" in c else "–"
         reason = f" ({c['reason']})" if c.get("reason") else ""
-        reason += equivalence_words(c)
+        reason += equivalence_words(c) + influence_words(c)
         if c.get("paper_scale"):
             reason += f"; the paper's smallest setting: {c['paper_scale']}"
         expect = expectation(c)

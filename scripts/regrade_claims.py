@@ -19,7 +19,14 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.claims import equivalence_words, outside_regime, regrade, seed_values_from_cells, seed_values_from_runs
+from analysis.claims import (
+    equivalence_words,
+    influence_words,
+    outside_regime,
+    regrade,
+    seed_values_from_cells,
+    seed_values_from_runs,
+)
 from analysis.format import interval, number
 from analysis.results import VAL_LOSS, load_results
 from analysis.study_spec import load_study_spec
@@ -67,7 +74,7 @@ def section(claims: list[dict]) -> str:
     ]
     for c in shown:
         where = f"{c['n_layers']} layers" if "n_layers" in c else c.get("model", "–")
-        reason = (f" ({c['reason']})" if c.get("reason") else "") + equivalence_words(c)
+        reason = (f" ({c['reason']})" if c.get("reason") else "") + equivalence_words(c) + influence_words(c)
         measured = "–" if c.get("difference") is None else f"{c['difference']:+.3g}{interval(c.get('ci95'), '+.3g')}"
         source = c.get("values_from") or ("study.json" if c.get("values_arm") is not None else "–")
         lines.append(

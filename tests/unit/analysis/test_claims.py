@@ -11,11 +11,13 @@ from analysis.claims import (
     Claim,
     claims_of,
     evaluate_claim,
+    influence_words,
     outside_regime,
     regrade,
     seed_values_from_cells,
     seed_values_from_runs,
     with_holm,
+    with_influence,
 )
 from analysis.results import load_results
 from analysis.runs import RunsError
@@ -200,6 +202,49 @@ def test_a_studys_claims_are_one_family_under_holms_correction():
     # 0.03 * 3 = 0.09: no longer below 0.05, so neither holds
     assert [c["verdict"] for c in weaker] == ["inconclusive", "inconclusive", "x"]
     assert "p_holm = 0.09" in weaker[0]["reason"]
+
+
+def test_a_claim_whose_arms_have_not_run_stays_in_the_family_at_p_1():
+    """A study reported part way (one claim's arms run first) corrects as the finished study would at worst:
+    with one tested claim at p = 0.02 and two not yet run, Holm's adjusted p is 0.02 * 3 = 0.06, not 0.02."""
+    claims = with_holm(
+        [
+            {"verdict": "agrees", "p": 0.02},
+            {"verdict": "not tested", "unrun": True},
+            {"verdict": "not tested", "unrun": True},
+        ]
+    )
+    assert claims[0]["p_holm"] == pytest.approx(0.06)
+    assert claims[0]["verdict"] == "inconclusive"
+    assert "1 tested claims and 2 not yet run, at p = 1" in claims[0]["reason"]
+    assert with_holm([{"verdict": "agrees", "p": 0.02}, {"verdict": "not tested"}])[0]["p_holm"] == pytest.approx(0.02)
+
+
+def test_a_claim_naming_an_arm_not_in_the_runs_is_marked_unrun(tmp_path):
+    gone = Claim("gone", "t", "best_loss", {"norm.name": "dyt"}, PRE, "lower")
+    assert evaluate_claim(gone, _study(tmp_path)).get("unrun") is True
+    assert "unrun" not in evaluate_claim(LOWER_LOSS, _study(tmp_path / "b"))
+
+
+def test_the_most_influential_seed_is_the_one_whose_removal_moves_the_mean_most():
+    """Differences -0.10, -0.12, -0.08, +0.50 (seed 95 a stalled run of the arm): the mean
+    is +0.05, +0.50 lies furthest from it, and without it the three left have mean -0.10 and their own test."""
+    claim = {
+        "expect": "lower",
+        "margin": None,
+        "seeds": [93, 94, 95, 96],
+        "values_arm": [4.0, 3.98, 4.6, 4.02],
+        "values_against": [4.1, 4.1, 4.1, 4.1],
+    }
+    seed = with_influence(claim)["most_influential_seed"]
+    rest = paired_comparison([-0.10, -0.12, -0.08], "lower")
+    assert seed["seed"] == 95
+    assert seed["difference"] == pytest.approx(-0.10)
+    assert seed["p"] == pytest.approx(rest.p) and seed["ci95"] == pytest.approx(list(rest.ci95))
+    assert influence_words(claim).startswith("; without seed 95, the most influential: -0.1 [")
+    three = {"expect": "lower", "seeds": [93, 94, 95], "values_arm": [4.0, 3.98, 4.6], "values_against": [4.1] * 3}
+    assert "most_influential_seed" not in with_influence(three)  # two left would be one degree of freedom
+    assert influence_words(three) == ""
 
 
 def test_not_worse_claims_need_a_margin():
