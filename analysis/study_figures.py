@@ -76,18 +76,23 @@ def _log_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_attention_logits(results: list[Result], lrs: list[float], path: Path) -> None:
-    """Max attention logit (over layers) against step, one panel per learning rate."""
+def plot_attention_logits(
+    results: list[Result], lrs: list[float], path: Path, own_best: dict[str, float] | None = None
+) -> None:
+    """Max attention logit (over layers) against step of the first seed, one panel per learning rate; or one
+    panel with each variant at its own best rate (``own_best``), where the variants share no rate."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs), 4.5), squeeze=False)
-    for ax, lr in zip(axes[0], lrs):
-        for r in sorted(
-            (r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.variant
-        ):
+    first = min(x.seed for x in results)
+    panels = [(f"lr {lr:g}", lambda r, lr=lr: r.lr == lr) for lr in lrs] or [
+        ("each variant at its best rate", lambda r: r.lr == own_best[r.variant])
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (title, chosen) in zip(axes[0], panels):
+        for r in sorted((r for r in results if r.seed == first and chosen(r)), key=lambda r: r.variant):
             points = over_layers(r.run, MAX_LOGIT)
             if points:
                 ax.plot(*zip(*points), label=r.variant + (" (diverged)" if r.diverged_at else ""))
-        _log_axes(ax, "step", "attention logit", f"lr {lr:g}: largest pre-softmax attention logit (max over layers)")
+        _log_axes(ax, "step", "attention logit", f"{title}: largest pre-softmax attention logit (max over layers)")
     save(fig, path)
 
 

@@ -43,6 +43,7 @@ from analysis.study import (
     UNTRAINED_GAP,
     Study,
     explanation,
+    final_max_attn_logit,
     per_seed,
     seeds_for,
 )
@@ -114,6 +115,12 @@ def variant_json(study: Study, name: str) -> dict:
             "seeds": len(sensitivities),
         },
         "trained": name not in study.untrained,
+        # each report seed's largest attention logit at the end, at the best rate: a stalled run shows here
+        "max_attn_logit_by_report_seed": {
+            str(r.seed): final_max_attn_logit(r)
+            for r in study.results
+            if r.variant == name and r.lr == summary.best_lr and r.seed in report
+        },
         "diverged_at_lr": summary.diverged,
         "symptoms": explanation(study, name),
     }
@@ -163,6 +170,12 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
     """The study's machine-readable results (study.json): every number the report states; every claim carries the
     study's scale."""
     scale = study_scale(study)
+
+    def claim_scale(claim: dict) -> dict:
+        """The study's scale, with the parameters of the claim's own arms (a variant adds or removes some)."""
+        arms = {"params_arm": claim.get("arm"), "params_against": claim.get("against")}
+        return {**scale, **{k: study.config(v)["runtime"].get("params") for k, v in arms.items() if v is not None}}
+
     return {
         "metric": metric,
         "scale": scale,
@@ -185,7 +198,7 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
             for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
         ],
         "variants": {name: variant_json(study, name) for name in study.summaries},
-        "claims": [{**c, "ci95": list(c["ci95"]) if c.get("ci95") else None, "scale": scale} for c in evaluated],
+        "claims": [{**c, "ci95": list(c["ci95"]) if c.get("ci95") else None, "scale": claim_scale(c)} for c in evaluated],
     }
 
 
@@ -194,6 +207,16 @@ def expectation(claim: dict) -> str:
     if claim["expect"] == "not_worse":
         return f"not worse than +{claim['margin']:g}"
     return claim["expect"] + (f" within ±{claim['margin']:g}" if claim["expect"] == "similar" else "")
+
+
+def logit_table(data: dict) -> str:
+    """Each variant's report seeds' final largest attention logit, a row per variant, a column per seed."""
+    seeds = sorted({int(s) for v in data["variants"].values() for s in v["max_attn_logit_by_report_seed"]})
+    lines = ["| variant | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for name, v in data["variants"].items():
+        by_seed = v["max_attn_logit_by_report_seed"]
+        lines.append(f"| {name} | " + " | ".join(number(by_seed.get(str(s)), ".1f") for s in seeds) + " |")
+    return "\n".join(lines)
 
 
 def claims_table(claims: list[dict]) -> str:
@@ -289,8 +312,8 @@ def write_report(
     reference = study.reference_lr
     above = next((lr for lr in study.grid if reference is not None and lr > reference), None)
     logit_rates = [lr for lr in (reference, above) if lr is not None]
-    if logit_rates:
-        plot_attention_logits(results, logit_rates, out / "attention_logits.png")
+    own_best = {name: s.best_lr for name, s in summaries.items()}  # where the variants share no rate
+    plot_attention_logits(results, logit_rates, out / "attention_logits.png", None if logit_rates else own_best)
     base = summaries[baseline]
     plot_depth_and_kurtosis(results, base.best_lr, out / "depth.png", out / "feature_kurtosis.png")
 
@@ -318,7 +341,7 @@ def write_report(
         f"at lr {reference:g} (the highest rate at which every selection seed of the baseline trained)"
         + (f" and {above:g} (the next one up)" if above else " (the highest rate of the common grid)")
         if reference
-        else "(the baseline trained at no rate of the grid)"
+        else "each variant at its own best rate (the variants share no rate at which the baseline trained)"
     )
     unigram_line = (
         f"unigram loss of the validation windows {study.unigram_loss:.3f} (a variant trained when its best is "
@@ -333,7 +356,7 @@ def write_report(
     grid_line = (
         f"The common grid: {len(study.grid)} learning rates ({rates})"
         if len(study.grid) >= MIN_COMMON_RATES
-        else f"Each variant ran its own grid of rates (the table's columns; they share {len(study.grid)}: {rates})"
+        else f"Each variant ran its own grid of rates (the table's columns; they share {rates or 'none'})"
     )
     report = f"""# {title}
 
@@ -380,7 +403,11 @@ Every verdict holds at this study's scale: {scale_words(data["scale"])}.
 
 The largest pre-softmax attention logit (max over layers) against step, {logit_note}:
 
-{"![attention logits](attention_logits.png)" if logit_rates else ""}
+![attention logits](attention_logits.png)
+
+Each report seed's largest logit at the end, at its variant's best rate (`max_attn_logit_by_report_seed`):
+
+{logit_table(data)}
 
 ## The residual stream, massive activations and attention sinks with depth, and outlier features
 

@@ -49,7 +49,11 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     assert len(data["cells"]) == 4 * (3 * 3 + 2)
     # The scale every verdict holds at, from the baseline's record: 20 steps of 2,048 tokens over 10,240 parameters.
     scale = {"params": 10240, "steps": 20, "seq_len": 128, "tokens": 40960, "tokens_per_param": 4.0}
-    assert data["scale"] == scale and all(claim["scale"] == scale for claim in data["claims"])
+    assert data["scale"] == scale
+    for claim in data["claims"]:  # each claim also names its own arms' parameters (every fake run has 10,240)
+        arms = {f"params_{side}": 10240 for side in ("arm", "against") if claim[side] is not None}
+        assert claim["scale"] == {**scale, **arms}
+    assert set(data["variants"]["rmsnorm"]["max_attn_logit_by_report_seed"]) == {"3", "4"}
     assert "Every verdict holds at this study's scale: 0.01M parameters, 20 steps" in report
     diverged = next(c for c in data["cells"] if (c["variant"], c["lr"], c["seed"]) == ("rmsnorm", 0.1, 0))
     assert diverged == {**diverged, "loss": None, "diverged": True, "heldout_loss": L0} and diverged["steps"] > 0
@@ -68,7 +72,8 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     assert qk["against_baseline"]["seeds"] == [3, 4]
     dyt = data["variants"]["dyt"]  # runs without a unigram line: the fallback of 0.5 nats above the baseline
     assert not dyt["trained"] and dyt["symptoms"].startswith("best loss 4.900 at lr 0.01, more than 0.5 nats above")
-    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
+    first_table = report[: report.index("## Attention logits")]  # the logit table below has a row per variant too
+    rows = {line.split("|")[1].strip(): line for line in first_table.splitlines() if line.startswith("| ")}
     assert rows["rmsnorm"].split("|")[2].strip() == "0.01 (0.001–0.1)" and "4.050 [" in rows["rmsnorm"]
     assert rows["dyt"].split("|")[6].strip() == "**no**" and "identity" not in rows
     assert "## Skipped" in report and "deep-identity-lr0.001-s0" in report
@@ -193,3 +198,16 @@ def test_the_size_report_compares_lr_sensitivity_across_models(tmp_path):
     assert (tmp_path / "out" / "lr_sensitivity_vs_size.png").stat().st_size > 5_000
     with pytest.raises(RunsError, match="one model"):
         write_size_report([str(root / "d32")], tmp_path / "one", "val/loss", "rmsnorm")
+
+
+def test_variants_that_share_no_rate_have_their_logits_read_each_at_its_own_best_rate(tmp_path):
+    root = tmp_path / "runs"
+    write_study(root, {"rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6}}, best_lr=0.01)
+    write_study(root, {"rmsnorm-qk": {0.002: 5.0, 0.02: 3.9, 0.2: 4.5}}, best_lr=0.02)
+    out = tmp_path / "report"
+    assert study_report.main([str(root), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "they share none" in report and "each variant at its own best rate" in report
+    assert (out / "attention_logits.png").stat().st_size > 5_000
+    data = json.loads((out / "study.json").read_text())
+    assert set(data["variants"]["rmsnorm-qk"]["max_attn_logit_by_report_seed"]) == {"3", "4"}
