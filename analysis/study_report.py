@@ -198,7 +198,9 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
             for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
         ],
         "variants": {name: variant_json(study, name) for name in study.summaries},
-        "claims": [{**c, "ci95": list(c["ci95"]) if c.get("ci95") else None, "scale": claim_scale(c)} for c in evaluated],
+        "claims": [
+            {**c, "ci95": list(c["ci95"]) if c.get("ci95") else None, "scale": claim_scale(c)} for c in evaluated
+        ],
     }
 
 
