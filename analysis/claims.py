@@ -29,9 +29,9 @@ The rule, the same for every claim and decided by the engine, never by hand:
    role the statistic needs; the arm's own values for a one-arm claim) go through ``analysis.stats.paired_comparison``: **agrees**,
    **disagrees** or **inconclusive**, with the 95% interval and the p-value of the same test.
 3. A study's tested claims are one family (``with_holm``): Holm's adjusted p sits beside p, and a claim
-   agrees or disagrees only where the adjusted p is below 0.05 as well. A claim whose arms have not run yet
-   (``unrun``: a study reported part way, one claim's arms first) stays in the family at p = 1, so a partial
-   report's correction is never weaker than the finished study's.
+   agrees or disagrees only where the adjusted p is below 0.05 as well. A claim naming an arm that has no
+   runs here (``unrun``: a study reported part way, one claim's arms first) stays in the family at p = 1, so
+   such a report corrects at least as much as the finished study.
 """
 
 import statistics
@@ -255,7 +255,7 @@ def influence_words(claim: dict) -> str:
     low, high = seed["ci95"]
     return (
         f"; without seed {seed['seed']}, the most influential: {seed['difference']:+.3g} [{low:+.3g}, {high:+.3g}], "
-        f"p {seed['p']:.3g} (a reading, not a verdict)"
+        f"p {seed['p']:.3g} unadjusted, the seed chosen after the fact (a reading, not a verdict)"
     )
 
 
@@ -275,7 +275,9 @@ def with_holm(evaluated: list[dict]) -> list[dict]:
     arms have not run yet (``unrun``) counts in the family at p = 1."""
     tested = [c for c in evaluated if c.get("p") is not None and c["verdict"] != "not tested"]
     unrun = [1.0] * sum(1 for c in evaluated if c.get("unrun"))
-    family = f"{len(tested)} tested claims" + (f" and {len(unrun)} not yet run, at p = 1" if unrun else "")
+    family = f"{len(tested)} tested claims" + (
+        f" and {len(unrun)} whose arms are not in these runs, at p = 1" if unrun else ""
+    )
     for claim, adjusted in zip(tested, holm([c["p"] for c in tested] + unrun)):
         claim["p_holm"] = adjusted
         if claim["verdict"] in ("agrees", "disagrees") and not adjusted < FAMILY_ALPHA:
@@ -393,7 +395,7 @@ def regrade(
     outside its paper's regime (``regime_fails(claim)`` says why) is not tested, and so is one without per-seed
     values (its paired test cannot be recomputed); every other claim is compared again from
     ``values_arm - values_against`` with its ``expect`` and ``margin`` (``value_arm`` and ``value_against``
-    become the means over those seeds); then Holm's correction over the tested ones. Each claim keeps the
+    become the means over those seeds); then Holm's correction over the tested ones (``with_holm``). Each claim keeps the
     ``verdict_before`` of its first judgement, and every claim tested then is judged again (a claim found
     without values once is tested once they are found)."""
     for claim in claims:
@@ -414,6 +416,7 @@ def regrade(
                 "value_arm",
                 "value_against",
                 "most_influential_seed",
+                "equivalence",
             ):
                 claim.pop(key, None)
             claim.update(verdict="not tested", reason=why)

@@ -214,6 +214,8 @@ def expectation(claim: dict) -> str:
 def logit_table(data: dict) -> str:
     """Each variant's report seeds' final largest attention logit, a row per variant, a column per seed."""
     seeds = sorted({int(s) for v in data["variants"].values() for s in v["max_attn_logit_by_report_seed"]})
+    if not seeds:
+        return "No report seed has run yet."
     lines = ["| variant | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for name, v in data["variants"].items():
         by_seed = v["max_attn_logit_by_report_seed"]

@@ -216,19 +216,25 @@ def test_a_claim_whose_arms_have_not_run_stays_in_the_family_at_p_1():
     )
     assert claims[0]["p_holm"] == pytest.approx(0.06)
     assert claims[0]["verdict"] == "inconclusive"
-    assert "1 tested claims and 2 not yet run, at p = 1" in claims[0]["reason"]
+    assert "1 tested claims and 2 whose arms are not in these runs, at p = 1" in claims[0]["reason"]
     assert with_holm([{"verdict": "agrees", "p": 0.02}, {"verdict": "not tested"}])[0]["p_holm"] == pytest.approx(0.02)
 
 
 def test_a_claim_naming_an_arm_not_in_the_runs_is_marked_unrun(tmp_path):
     gone = Claim("gone", "t", "best_loss", {"norm.name": "dyt"}, PRE, "lower")
     assert evaluate_claim(gone, _study(tmp_path)).get("unrun") is True
+    against_gone = Claim("gone", "t", "best_loss", PRE, {"norm.name": "dyt"}, "lower")
+    assert evaluate_claim(against_gone, _study(tmp_path / "c")).get("unrun") is True
+    at_edge = Claim("edge", "t", "best_loss", {"norm.placement": "post"}, PRE, "lower")  # in the runs, not tested
+    judged = evaluate_claim(at_edge, _study(tmp_path / "d"))
+    assert judged["verdict"] == "not tested" and "unrun" not in judged
     assert "unrun" not in evaluate_claim(LOWER_LOSS, _study(tmp_path / "b"))
 
 
 def test_the_most_influential_seed_is_the_one_whose_removal_moves_the_mean_most():
-    """Differences -0.10, -0.12, -0.08, +0.50 (seed 95 a stalled run of the arm): the mean
-    is +0.05, +0.50 lies furthest from it, and without it the three left have mean -0.10 and their own test."""
+    """Differences -0.10, -0.12, +0.50, -0.08 (seed 95 a stalled run of the arm): the mean is +0.05, +0.50 lies
+    furthest from it, and without it the three left have mean -0.10 and their own test. Furthest from the mean
+    is not largest in size: of 1.0, 1.1, 0.9, 0.2 (mean 0.8) it is 0.2."""
     claim = {
         "expect": "lower",
         "margin": None,
@@ -242,6 +248,9 @@ def test_the_most_influential_seed_is_the_one_whose_removal_moves_the_mean_most(
     assert seed["difference"] == pytest.approx(-0.10)
     assert seed["p"] == pytest.approx(rest.p) and seed["ci95"] == pytest.approx(list(rest.ci95))
     assert influence_words(claim).startswith("; without seed 95, the most influential: -0.1 [")
+    assert "unadjusted" in influence_words(claim)
+    spread = {"expect": "lower", "seeds": [1, 2, 3, 4], "values_arm": [1.0, 1.1, 0.9, 0.2], "values_against": [0.0] * 4}
+    assert with_influence(spread)["most_influential_seed"]["seed"] == 4
     three = {"expect": "lower", "seeds": [93, 94, 95], "values_arm": [4.0, 3.98, 4.6], "values_against": [4.1] * 3}
     assert "most_influential_seed" not in with_influence(three)  # two left would be one degree of freedom
     assert influence_words(three) == ""

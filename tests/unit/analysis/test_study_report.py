@@ -210,4 +210,6 @@ def test_variants_that_share_no_rate_have_their_logits_read_each_at_its_own_best
     assert "they share none" in report and "each variant at its own best rate" in report
     assert (out / "attention_logits.png").stat().st_size > 5_000
     data = json.loads((out / "study.json").read_text())
-    assert set(data["variants"]["rmsnorm-qk"]["max_attn_logit_by_report_seed"]) == {"3", "4"}
+    # the fake runs log a logit of lr * 100 * step: 0.02 * 100 * 20 at rmsnorm-qk's best rate, 0.01 * ... at rmsnorm's
+    assert data["variants"]["rmsnorm-qk"]["max_attn_logit_by_report_seed"] == {"3": 40.0, "4": 40.0}
+    assert data["variants"]["rmsnorm"]["max_attn_logit_by_report_seed"] == {"3": 20.0, "4": 20.0}
