@@ -38,8 +38,14 @@ class Result:
 
 
 def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str]]:
-    """The grid's runs, and messages naming the run folders that were skipped."""
+    """The grid's runs, and messages naming the run folders that were skipped. Where the study's plan names
+    its runs (a study run one claim's arms at a time shares its folder with arms it has not asked for), runs
+    of the other arms are left out, finished or not."""
     runs, skipped = load_runs(inputs)
+    plan = read_plan(inputs)
+    if plan and plan.get("runs"):
+        asked = {tuple(pair) for pair in plan["runs"]}
+        runs = [run for run in runs if (run.config.get("model", {}).get("name"), run.config["variant"]) in asked]
     results = []
     for run in runs:
         cfg = run.config
@@ -85,7 +91,7 @@ PLAN_FILE = "study_plan.json"  # what scripts/run_study.py planned, written into
 
 
 def read_plan(inputs: list[str]) -> dict | None:
-    """What scripts/run_study.py recorded in a study folder (its grid, variants and claims), if any."""
+    """What scripts/run_study.py recorded in a study folder (its grid, variants, runs and claims), if any."""
     for folder in inputs:
         plan = Path(folder) / PLAN_FILE
         if plan.is_file():

@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "learning_rates": rates,
         "variants": variants,
         "models": models,
+        "runs": sorted([name, label] for name, label in labels),  # (model name, variant label): what the report reads
         "plan": dataclasses.asdict(plan),
         "claims": [dataclasses.asdict(claim) for claim in spec.claims],
     }

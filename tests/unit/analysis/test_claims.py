@@ -231,6 +231,25 @@ def test_a_claim_naming_an_arm_not_in_the_runs_is_marked_unrun(tmp_path):
     assert "unrun" not in evaluate_claim(LOWER_LOSS, _study(tmp_path / "b"))
 
 
+def test_a_study_run_one_claim_at_a_time_reads_only_the_runs_its_plan_asked_for(tmp_path):
+    """Post-norm's arm shares the folder (finished, and one run still training) but this plan asked for the
+    other two: its claim is unrun, and none of its runs is read or listed as skipped."""
+    write_study(tmp_path, GRID)
+    training = write_run(tmp_path, "rmsnorm-post", 0.02, 4.1, seed=7) / "metrics.jsonl"
+    training.write_text(training.read_text().splitlines()[0] + "\n")  # step 10 of 20
+    plan = json.loads((tmp_path / "study_plan.json").read_text())
+    plan["runs"] = [["deep", "rmsnorm"], ["deep", "rmsnorm-qk"]]
+    (tmp_path / "study_plan.json").write_text(json.dumps(plan))
+    results, skipped = load_results([str(tmp_path)], "val/loss")
+    assert {r.variant for r in results} == {"rmsnorm", "rmsnorm-qk"} and skipped == []
+    post = Claim("post", "t", "best_loss", {"norm.placement": "post"}, PRE, "lower")
+    assert evaluate_claim(post, Study(results, "rmsnorm")).get("unrun") is True
+    del plan["runs"]  # a plan from before plans named their runs reads every run
+    (tmp_path / "study_plan.json").write_text(json.dumps(plan))
+    results, skipped = load_results([str(tmp_path)], "val/loss")
+    assert "rmsnorm-post" in {r.variant for r in results} and len(skipped) == 1
+
+
 def test_the_most_influential_seed_is_the_one_whose_removal_moves_the_mean_most():
     """Differences -0.10, -0.12, +0.50, -0.08 (seed 95 a stalled run of the arm): the mean is +0.05, +0.50 lies
     furthest from it, and without it the three left have mean -0.10 and their own test. Furthest from the mean

@@ -60,5 +60,9 @@ def test_a_tested_claim_recomputes_from_its_per_seed_values(claim):
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: str(p.parent.relative_to(DOCS)))
 def test_each_studys_tested_claims_are_one_family_under_holm(path):
+    """A claim whose arms have not run yet (a study reported part way) stays in the family at p = 1."""
     tested = [c for c in claims_of(path) if c["verdict"] != "not tested"]
-    assert [c["p_holm"] for c in tested] == pytest.approx(holm([c["p"] for c in tested]), rel=1e-9)
+    unrun = [1.0 for c in claims_of(path) if c.get("unrun")]
+    assert [c["p_holm"] for c in tested] == pytest.approx(
+        holm([c["p"] for c in tested] + unrun)[: len(tested)], rel=1e-9
+    )
