@@ -259,13 +259,23 @@ def influence_words(claim: dict) -> str:
     )
 
 
+READINGS = {"not_worse": "non-inferiority", "similar": "equivalence"}
+
+
 def equivalence_words(claim: dict) -> str:
-    """A parity claim's equivalence reading in words, for the tables beside its verdict ("" for other claims)."""
+    """A parity claim's equivalence reading, and the smallest margin each reading decides, in words, for the
+    tables beside its verdict ("" for other claims)."""
     other = claim.get("equivalence")
-    if other is None:
-        return ""
-    p_holm = "–" if other.get("p_holm") is None else f"{other['p_holm']:.3g}"
-    return f"; read as equivalence within ±{claim['margin']:g}: {other['verdict']} (p_holm {p_holm})"
+    words = ""
+    if other is not None:
+        p_holm = "–" if other.get("p_holm") is None else f"{other['p_holm']:.3g}"
+        words = f"; read as equivalence within ±{claim['margin']:g}: {other['verdict']} (p_holm {p_holm})"
+    readings = ((READINGS.get(claim["expect"]), claim), ("equivalence", other or {}))
+    return words + "".join(
+        f"; {name} decided at margins from {reading['margin_decided_from']:.3g} after Holm"
+        for name, reading in readings
+        if reading.get("margin_decided_from") is not None
+    )
 
 
 def with_holm(evaluated: list[dict]) -> list[dict]:
@@ -292,7 +302,31 @@ def with_holm(evaluated: list[dict]) -> list[dict]:
             other["p_holm"] = holm([c["p"] if i != index else other["p"] for i, c in enumerate(tested)] + unrun)[index]
             if other["verdict"] in ("agrees", "disagrees") and not other["p_holm"] < FAMILY_ALPHA:
                 other["verdict"] = "inconclusive"
+        for reading, expect in ((claim, claim.get("expect")), (other, "similar")):
+            if reading is not None and expect in ("not_worse", "similar") and claim.get("values_arm"):
+                reading["margin_decided_from"] = smallest_margin_decided(tested, unrun, index, expect)
     return evaluated
+
+
+def smallest_margin_decided(tested: list[dict], unrun: list[float], index: int, expect: str) -> float:
+    """The smallest margin at which claim ``index`` would agree as ``expect`` (``not_worse`` or ``similar``)
+    after Holm's correction, the other claims' p held: a practitioner whose margin is below it is not answered
+    by these seeds. Each reading's p falls as the margin grows, so bisection finds it."""
+    claim = tested[index]
+    differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+
+    def decided(margin: float) -> bool:
+        p = paired_comparison(differences, expect, margin).p
+        return holm([c["p"] if i != index else p for i, c in enumerate(tested)] + unrun)[index] < FAMILY_ALPHA
+
+    low = max(statistics.fmean(differences) if expect == "not_worse" else abs(statistics.fmean(differences)), 0.0)
+    high = low + max(statistics.pstdev(differences), 1e-9)
+    while not decided(high):
+        low, high = high, 2 * high
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (low, middle) if decided(middle) else (middle, high)
+    return high
 
 
 def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Claim]:

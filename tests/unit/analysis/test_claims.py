@@ -1,21 +1,26 @@
 """analysis/claims.py: the one rule that decides "not tested", and the verdict of one paired comparison."""
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
+import scipy.stats
 import yaml
 from synthetic_studies import CLAIMS, PRE, QK, write_run, write_study
 
 from analysis.claims import (
     Claim,
     claims_of,
+    equivalence_words,
     evaluate_claim,
     influence_words,
     outside_regime,
     regrade,
     seed_values_from_cells,
     seed_values_from_runs,
+    with_equivalence,
     with_holm,
     with_influence,
 )
@@ -218,6 +223,28 @@ def test_a_claim_whose_arms_have_not_run_stays_in_the_family_at_p_1():
     assert claims[0]["verdict"] == "inconclusive"
     assert "1 tested claims and 2 whose arms are not in these runs, at p = 1" in claims[0]["reason"]
     assert with_holm([{"verdict": "agrees", "p": 0.02}, {"verdict": "not tested"}])[0]["p_holm"] == pytest.approx(0.02)
+
+
+def test_the_smallest_margin_a_parity_claim_decides_is_its_interval_at_holms_level():
+    """Alone with three unrun claims, Holm's first step tests at 0.05 / 4: the smallest margin either reading
+    decides is the mean plus t(1 - 0.025 / 4) standard errors. Beside a claim with p 0.001, the second step tests
+    at 0.05, and the margin is the 95% interval's upper end."""
+    differences = [0.01, -0.02, 0.03, 0.0, 0.015, -0.005, 0.025, 0.02]
+    n, mean = len(differences), statistics.fmean(differences)
+    se = statistics.stdev(differences) / math.sqrt(n)
+
+    def parity():
+        claim = {"expect": "not_worse", "margin": 0.5, "values_arm": differences, "values_against": [0.0] * n}
+        comparison = paired_comparison(differences, "not_worse", 0.5)
+        return with_equivalence({**claim, "verdict": comparison.verdict, "p": comparison.p, "ci95": comparison.ci95})
+
+    alone = with_holm([parity(), *[{"verdict": "not tested", "unrun": True}] * 3])[0]
+    at_first_step = mean + scipy.stats.t.ppf(1 - 0.025 / 4, n - 1) * se
+    assert alone["margin_decided_from"] == pytest.approx(at_first_step, rel=1e-6)
+    assert alone["equivalence"]["margin_decided_from"] == pytest.approx(at_first_step, rel=1e-6)
+    assert f"non-inferiority decided at margins from {at_first_step:.3g} after Holm" in equivalence_words(alone)
+    second = with_holm([{"verdict": "agrees", "p": 0.001, "expect": "lower"}, parity()])[1]
+    assert second["margin_decided_from"] == pytest.approx(second["ci95"][1], rel=1e-6)
 
 
 def test_a_claim_naming_an_arm_not_in_the_runs_is_marked_unrun(tmp_path):
