@@ -272,9 +272,9 @@ def equivalence_words(claim: dict) -> str:
         words = f"; read as equivalence within ±{claim['margin']:g}: {other['verdict']} (p_holm {p_holm})"
     readings = ((READINGS.get(claim["expect"]), claim), ("equivalence", other or {}))
     return words + "".join(
-        f"; {name} decided at margins from {reading['margin_decided_from']:.3g} after Holm"
+        f"; {name} agrees at margins from {reading['margin_agrees_from']:.3g} after Holm"
         for name, reading in readings
-        if reading.get("margin_decided_from") is not None
+        if reading.get("margin_agrees_from") is not None
     )
 
 
@@ -304,14 +304,14 @@ def with_holm(evaluated: list[dict]) -> list[dict]:
                 other["verdict"] = "inconclusive"
         for reading, expect in ((claim, claim.get("expect")), (other, "similar")):
             if reading is not None and expect in ("not_worse", "similar") and claim.get("values_arm"):
-                reading["margin_decided_from"] = smallest_margin_decided(tested, unrun, index, expect)
+                reading["margin_agrees_from"] = smallest_margin_agreeing(tested, unrun, index, expect)
     return evaluated
 
 
-def smallest_margin_decided(tested: list[dict], unrun: list[float], index: int, expect: str) -> float:
+def smallest_margin_agreeing(tested: list[dict], unrun: list[float], index: int, expect: str) -> float:
     """The smallest margin at which claim ``index`` would agree as ``expect`` (``not_worse`` or ``similar``)
-    after Holm's correction, the other claims' p held: a practitioner whose margin is below it is not answered
-    by these seeds. Each reading's p falls as the margin grows, so bisection finds it."""
+    after Holm's correction, the other claims' p held: for a practitioner whose margin is below it, these seeds
+    say inconclusive or disagrees. Each reading's p falls as the margin grows, so bisection finds it."""
     claim = tested[index]
     differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
 

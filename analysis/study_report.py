@@ -342,8 +342,8 @@ def write_report(
             + " |"
         )
     logit_note = (
-        f"at lr {reference:g} (the highest rate at which every selection seed of the baseline trained)"
-        + (f" and {above:g} (the next one up)" if above else " (the highest rate of the common grid)")
+        f"at lr {reference:g} (the highest shared rate at which every selection seed of the baseline trained)"
+        + (f" and {above:g} (the next one up)" if above else "; no shared rate lies above it")
         if reference
         else "each variant at its own best rate (the variants share no rate at which the baseline trained)"
     )

@@ -240,11 +240,11 @@ def test_the_smallest_margin_a_parity_claim_decides_is_its_interval_at_holms_lev
 
     alone = with_holm([parity(), *[{"verdict": "not tested", "unrun": True}] * 3])[0]
     at_first_step = mean + scipy.stats.t.ppf(1 - 0.025 / 4, n - 1) * se
-    assert alone["margin_decided_from"] == pytest.approx(at_first_step, rel=1e-6)
-    assert alone["equivalence"]["margin_decided_from"] == pytest.approx(at_first_step, rel=1e-6)
-    assert f"non-inferiority decided at margins from {at_first_step:.3g} after Holm" in equivalence_words(alone)
+    assert alone["margin_agrees_from"] == pytest.approx(at_first_step, rel=1e-6)
+    assert alone["equivalence"]["margin_agrees_from"] == pytest.approx(at_first_step, rel=1e-6)
+    assert f"non-inferiority agrees at margins from {at_first_step:.3g} after Holm" in equivalence_words(alone)
     second = with_holm([{"verdict": "agrees", "p": 0.001, "expect": "lower"}, parity()])[1]
-    assert second["margin_decided_from"] == pytest.approx(second["ci95"][1], rel=1e-6)
+    assert second["margin_agrees_from"] == pytest.approx(second["ci95"][1], rel=1e-6)
 
 
 def test_a_claim_naming_an_arm_not_in_the_runs_is_marked_unrun(tmp_path):

@@ -79,7 +79,9 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     assert "## Skipped" in report and "deep-identity-lr0.001-s0" in report
     assert "selection 0-2, report 3-4 (4 variants)" in report
     # The attention panels: the highest rate at which the baseline trained (0.01), and the next one up.
-    assert "at lr 0.01 (the highest rate at which every selection seed of the baseline trained) and 0.1" in report
+    assert (
+        "at lr 0.01 (the highest shared rate at which every selection seed of the baseline trained) and 0.1" in report
+    )
     claims = {c["claim"]: c for c in data["claims"]}
     sensitivity = claims["QK-norm lowers LR sensitivity"]
     qk_per_seed = [((1.0 + 0.03 * s) + 0.0 + 0.4) / 3 for s in range(3)]
