@@ -187,7 +187,10 @@ def test_named(expect: str, margin: float = 0.0) -> str:
         return "paired t-test of the per-seed differences against 0, two-sided"
     if expect == "not_worse":
         return f"paired t-test against the margin +{margin:g}, two-sided (non-inferiority: one-sided at 2.5%)"
-    return f"two one-sided paired t-tests against ±{margin:g}, each at 2.5% (p: twice the larger one-sided p)"
+    return (
+        f"two one-sided paired t-tests against ±{margin:g}, each at 2.5% (p: twice the larger one-sided p); "
+        "where the mean lies beyond a margin, p is the two-sided test against that margin"
+    )
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
