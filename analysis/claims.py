@@ -185,10 +185,17 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
         if a is not None and b is not None:
             pairs[seed] = (a, b)
     if not pairs:
+        # an arm whose report seeds have not run yet is a study reported part way: unrun, like a missing arm
+        waiting = statistic.seeds == "report" and any(
+            not study.summaries[v].report_seeds for v in (arm, against) if v is not None
+        )
         return {
             **result,
             "verdict": "not tested",
-            "reason": f"no {statistic.seeds} seed has {claim.statistic} in both arms",
+            "reason": "its report seeds have not run yet"
+            if waiting
+            else f"no {statistic.seeds} seed has {claim.statistic} in both arms",
+            **({"unrun": True} if waiting else {}),
         }
     comparison = paired_comparison([a - b for a, b in pairs.values()], claim.expect, claim.margin)
     result.update(

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -256,6 +257,11 @@ def test_a_claim_naming_an_arm_not_in_the_runs_is_marked_unrun(tmp_path):
     judged = evaluate_claim(at_edge, _study(tmp_path / "d"))
     assert judged["verdict"] == "not tested" and "unrun" not in judged
     assert "unrun" not in evaluate_claim(LOWER_LOSS, _study(tmp_path / "b"))
+    write_study(tmp_path / "e", GRID)  # QK-norm's selection seeds ran, its report seeds not yet
+    for run in (tmp_path / "e").glob("deep-rmsnorm-qk-*-s[34]"):
+        shutil.rmtree(run)
+    waiting = evaluate_claim(LOWER_LOSS, Study(load_results([str(tmp_path / "e")], "val/loss")[0], "rmsnorm"))
+    assert waiting["unrun"] is True and waiting["reason"] == "its report seeds have not run yet"
 
 
 def test_a_study_run_one_claim_at_a_time_reads_only_the_runs_its_plan_asked_for(tmp_path):
