@@ -216,12 +216,17 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     return with_influence(with_equivalence(result))
 
 
+def paired_differences(claim: dict) -> list[float]:
+    """A tested claim's per-seed differences, arm minus against, from the values its study.json keeps."""
+    return [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+
+
 def with_equivalence(claim: dict) -> dict:
     """A non-inferiority claim with its equivalence reading beside it (``equivalence``: the same differences
     within ±margin, two one-sided tests): a parity claim read both ways, so that a verdict that holds under one
     reading only says so. Holm's correction of it is ``with_holm``'s."""
     if claim["expect"] == "not_worse" and claim.get("values_arm") is not None:
-        differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+        differences = paired_differences(claim)
         comparison = paired_comparison(differences, "similar", claim["margin"])
         claim["equivalence"] = {
             "verdict": comparison.verdict,
@@ -238,7 +243,7 @@ def with_influence(claim: dict) -> dict:
     decides the claim. Only where 3 seeds or more remain."""
     if claim.get("values_arm") is None or len(claim["values_arm"]) < 4:
         return claim
-    differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+    differences = paired_differences(claim)
     mean = statistics.fmean(differences)
     index = max(range(len(differences)), key=lambda i: abs(differences[i] - mean))
     rest = paired_comparison(
@@ -306,7 +311,7 @@ def with_holm(evaluated: list[dict]) -> list[dict]:
     for index, claim in enumerate(tested):  # the other reading, in the same family in the claim's place
         other = claim.get("equivalence")
         if other is not None and other["p"] is not None:
-            other["p_holm"] = holm([c["p"] if i != index else other["p"] for i, c in enumerate(tested)] + unrun)[index]
+            other["p_holm"] = holm_in_place(tested, unrun, index, other["p"])
             if other["verdict"] in ("agrees", "disagrees") and not other["p_holm"] < FAMILY_ALPHA:
                 other["verdict"] = "inconclusive"
         for reading, expect in ((claim, claim.get("expect")), (other, "similar")):
@@ -315,16 +320,22 @@ def with_holm(evaluated: list[dict]) -> list[dict]:
     return evaluated
 
 
+def holm_in_place(tested: list[dict], unrun: list[float], index: int, p: float) -> float:
+    """Holm's adjusted p of claim ``index`` with ``p`` in its place, the family otherwise as it is: another
+    reading of the same claim, or the same reading at another margin."""
+    return holm([c["p"] if i != index else p for i, c in enumerate(tested)] + unrun)[index]
+
+
 def smallest_margin_agreeing(tested: list[dict], unrun: list[float], index: int, expect: str) -> float:
     """The smallest margin at which claim ``index`` would agree as ``expect`` (``not_worse`` or ``similar``)
     after Holm's correction, the other claims' p held: for a practitioner whose margin is below it, these seeds
     say inconclusive or disagrees. Each reading's p falls as the margin grows, so bisection finds it."""
     claim = tested[index]
-    differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+    differences = paired_differences(claim)
 
     def decided(margin: float) -> bool:
         p = paired_comparison(differences, expect, margin).p
-        return holm([c["p"] if i != index else p for i, c in enumerate(tested)] + unrun)[index] < FAMILY_ALPHA
+        return holm_in_place(tested, unrun, index, p) < FAMILY_ALPHA
 
     low = max(statistics.fmean(differences) if expect == "not_worse" else abs(statistics.fmean(differences)), 0.0)
     high = low + max(statistics.pstdev(differences), 1e-9)
@@ -463,7 +474,7 @@ def regrade(
             claim.update(verdict="not tested", reason=why)
             continue
         claim.pop("reason", None)  # a tested claim's reason is the family's, given again below
-        differences = [a - b for a, b in zip(claim["values_arm"], claim["values_against"])]
+        differences = paired_differences(claim)
         comparison = paired_comparison(differences, claim["expect"], claim.get("margin", 0.0))
         claim.update(
             value_arm=statistics.fmean(claim["values_arm"]),
