@@ -470,7 +470,7 @@ def test_a_parity_claim_is_read_as_equivalence_too_in_its_own_place_in_the_famil
     (p_holm 0.042), and the same differences read as equivalence within ±0.05 are inconclusive after Holm
     (twice the larger one-sided p, 0.016, in the parity claim's place among the four: 0.064), as a referee
     recomputed them with scipy."""
-    data = json.loads((ROOT / "docs/study/budget/study.json").read_text())
+    data = json.loads((ROOT / "docs/study/budget/second_edition/study.json").read_text())
     claims = regrade([dict(c) for c in data["claims"]], untrained=lambda claim: [], regime_fails=lambda claim: None)
     parity = claims[0]
     assert parity["verdict"] == "agrees" and parity["p_holm"] == pytest.approx(0.042, abs=5e-4)
