@@ -38,6 +38,7 @@ from analysis.study_spec import StudySpecError, load_study_spec
 from analysis.unigram import compute_unigram_val_loss
 from training.config import register_configs
 from training.cpu_threads import concurrent_jobs
+from training.run_lock import lock_holder
 
 ROOT = Path(__file__).resolve().parent.parent
 PERF_ELAPSED = "perf/elapsed_s"
@@ -76,22 +77,32 @@ def compose_study(overrides: list[str]):
 
 
 def finished_losses(sweep_dir: Path, labels: dict):
-    """Per (model, variant), ``{(lr, seed): capped loss}`` of its finished runs, and their wall-clock seconds."""
+    """Per (model, variant), ``{(lr, seed): capped loss}`` of its finished runs; their wall-clock seconds; and
+    the unfinished runs another process is training now, ``{(model, variant, lr, seed): that process}``."""
     losses: dict[str, dict] = defaultdict(dict)
     seconds = []
+    elsewhere = {}
     try:
         runs, _ = load_runs([str(sweep_dir)])  # a run that does not load yet trains again
     except RunsError:  # nothing trained yet
-        return losses, seconds
+        return losses, seconds, elsewhere
     for run in runs:
         variant = labels.get((run.config["model"]["name"], run.config["variant"]))
-        if variant is None or run.unfinished:
+        if variant is None:
             continue
         lr, seed = float(run.config["train"]["lr"]), int(run.config["seed"])
+        if run.unfinished:
+            if (holder := lock_holder(run.path)) is not None:
+                elsewhere[(*variant, lr, seed)] = holder
+            continue
         losses[variant][(lr, seed)] = capped_loss(Result(run, variant, lr, seed, run.last(VAL_LOSS), run.diverged_at))
         if (elapsed := run.last(PERF_ELAPSED)) is not None:
             seconds.append(elapsed)
-    return losses, seconds
+    return losses, seconds, elsewhere
+
+
+def describe_job(model: str | None, job: Job) -> str:
+    return f"{model or ''} {job.variant} lr {job.lr:g} seed {job.seed}".strip()
 
 
 def commands(jobs: dict[str | None, list[Job]]) -> list[list[str]]:
@@ -202,25 +213,32 @@ def main(argv: list[str] | None = None) -> int:
     planned = planned_runs(plan, variants, rates) * len(models)
     failed_before: set[tuple] = set()
     while True:
-        losses, seconds = finished_losses(sweep_dir, labels)
+        losses, seconds, elsewhere = finished_losses(sweep_dir, labels)
         jobs = {m: [j for v in variants for j in next_jobs(plan, v, rates, losses.get((m, v), {}))] for m in models}
         todo = {(m, j) for m, model_jobs in jobs.items() for j in model_jobs}
+        busy = {(m, j) for m, j in todo if (m, j.variant, j.lr, j.seed) in elsewhere}
+        if busy and busy == todo:  # train.py would refuse each of them: say who holds them instead
+            held = "; ".join(
+                f"{describe_job(m, j)} ({elsewhere[(m, j.variant, j.lr, j.seed)]})" for m, j in sorted(busy, key=str)
+            )
+            print(
+                f"run_study: the runs left are training in another process: {held}. Rerun this command when they finish"
+            )
+            return 1
+        jobs = {m: [j for j in model_jobs if (m, j) not in busy] for m, model_jobs in jobs.items()}
         if not todo:
             if args.dry_run:
                 print("run_study: nothing to train; the study is complete")
                 return 0
             break
         done = sum(len(v) for v in losses.values())
-        print(f"run_study: {describe(len(todo), done, planned, seconds, plan, at_once)}", flush=True)
+        print(f"run_study: {describe(len(todo - busy), done, planned, seconds, plan, at_once)}", flush=True)
         if args.dry_run:
             for command in commands(jobs):
                 print("  python train.py -m " + " ".join([*overrides, *command]))
             return 0
-        if failed_before & todo:
-            stuck = ", ".join(
-                f"{m or ''} {j.variant} lr {j.lr:g} seed {j.seed}".strip()
-                for m, j in sorted(failed_before & todo, key=str)
-            )
+        if failed_before & (todo - busy):
+            stuck = ", ".join(describe_job(m, j) for m, j in sorted(failed_before & (todo - busy), key=str))
             print(f"run_study: these runs did not finish when trained: {stuck}; see their train.log under {sweep_dir}")
             return 1
         for command in commands(jobs):

@@ -58,6 +58,24 @@ class RunLock:
             self.fd = None
 
 
+def lock_holder(run_dir: Path) -> str | None:
+    """The process training in ``run_dir`` now, as its lock names it, or None when none is. An empty lock file
+    was released cleanly and is not probed; text left by a killed process is probed, briefly taking the lock."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file() or not path.read_text().strip():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return path.read_text().strip() or "a process that is still starting"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def discard_unused(run_dir: Path) -> None:
     """Remove a run directory that this process found empty and wrote nothing into but its (released, empty)
     lock: a refused command leaves no directory behind."""

@@ -6,12 +6,13 @@ import shutil
 import subprocess
 import sys
 
-from run_study import evaluate_layer_importance
+from run_study import evaluate_layer_importance, finished_losses
 from tiny_runs import ROOT, tiny_overrides
 
 from analysis.runs import find_runs
 from analysis.study import skip_deltas
 from analysis.study_plan import StudyPlan
+from training.run_lock import RunLock
 
 
 def _run_study(tmp_path, cache_dir, *extra):
@@ -57,3 +58,23 @@ def test_the_layer_importance_stage_evaluates_each_report_seeds_checkpoint_once(
     written = (tmp_path / "runs" / "rmsnorm-s1" / "eval.json").stat().st_mtime_ns
     evaluate_layer_importance(tmp_path / "runs", labels, plan)
     assert (tmp_path / "runs" / "rmsnorm-s1" / "eval.json").stat().st_mtime_ns == written
+
+
+def test_a_run_another_process_is_training_is_named_with_that_process_not_trained_again(sweep, tmp_path):
+    """run_study skips a run whose lock another live process holds, and names that process, rather than
+    launching a train.py that the lock refuses and then calling the run one that did not finish."""
+    shutil.copytree(sweep, tmp_path / "runs")
+    training = tmp_path / "runs" / "rmsnorm-s1"
+    metrics = (training / "metrics.jsonl").read_text().splitlines()
+    (training / "metrics.jsonl").write_text(metrics[0] + "\n")  # part way through: its first logged step only
+    labels = {("tiny", norm): (None, norm) for norm in ("rmsnorm", "layernorm")}
+    lock = RunLock(training)
+    lock.acquire()
+    try:
+        losses, _, elsewhere = finished_losses(tmp_path / "runs", labels)
+    finally:
+        lock.release()
+    ((key, holder),) = elsewhere.items()
+    assert key[:2] == (None, "rmsnorm") and key[3] == 1 and holder.startswith(f"pid {os.getpid()} ")
+    assert set(losses[(None, "rmsnorm")]) == {(key[2], 0)} and len(losses[(None, "layernorm")]) == 2
+    assert finished_losses(tmp_path / "runs", labels)[2] == {}  # released (or killed): trained again, as before
