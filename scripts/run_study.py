@@ -216,11 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         losses, seconds, elsewhere = finished_losses(sweep_dir, labels)
         jobs = {m: [j for v in variants for j in next_jobs(plan, v, rates, losses.get((m, v), {}))] for m in models}
         todo = {(m, j) for m, model_jobs in jobs.items() for j in model_jobs}
-        busy = {(m, j) for m, j in todo if (m, j.variant, j.lr, j.seed) in elsewhere}
+        held_by = {(m, j): elsewhere[key] for m, j in todo if (key := (m, j.variant, j.lr, j.seed)) in elsewhere}
+        busy = set(held_by)
         if busy and busy == todo:  # train.py would refuse each of them: say who holds them instead
-            held = "; ".join(
-                f"{describe_job(m, j)} ({elsewhere[(m, j.variant, j.lr, j.seed)]})" for m, j in sorted(busy, key=str)
-            )
+            held = "; ".join(f"{describe_job(m, j)} ({held_by[(m, j)]})" for m, j in sorted(busy, key=str))
             print(
                 f"run_study: the runs left are training in another process: {held}. Rerun this command when they finish"
             )
@@ -232,13 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             break
         done = sum(len(v) for v in losses.values())
-        print(f"run_study: {describe(len(todo - busy), done, planned, seconds, plan, at_once)}", flush=True)
+        ready = todo - busy
+        print(f"run_study: {describe(len(ready), done, planned, seconds, plan, at_once)}", flush=True)
         if args.dry_run:
             for command in commands(jobs):
                 print("  python train.py -m " + " ".join([*overrides, *command]))
             return 0
-        if failed_before & (todo - busy):
-            stuck = ", ".join(describe_job(m, j) for m, j in sorted(failed_before & (todo - busy), key=str))
+        if failed_before & ready:
+            stuck = ", ".join(describe_job(m, j) for m, j in sorted(failed_before & ready, key=str))
             print(f"run_study: these runs did not finish when trained: {stuck}; see their train.log under {sweep_dir}")
             return 1
         for command in commands(jobs):

@@ -38,10 +38,9 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = self.path.read_text().strip() or "a process that is still starting"
             os.close(fd)
             raise RunLockedError(
-                f"another process is training in {self.path.parent} ({holder}); a run directory has one "
+                f"another process is training in {self.path.parent} ({named_holder(self.path)}); a run directory has one "
                 "writer at a time. Wait for it to finish or stop it, or start a separate run with run_name=..."
             ) from None
         self.fd = fd
@@ -58,6 +57,11 @@ class RunLock:
             self.fd = None
 
 
+def named_holder(lock: Path) -> str:
+    """Who holds ``lock``, as the holder wrote it (empty only in the moment before it writes)."""
+    return lock.read_text().strip() or "a process that is still starting"
+
+
 def lock_holder(run_dir: Path) -> str | None:
     """The process training in ``run_dir`` now, as its lock names it, or None when none is. An empty lock file
     was released cleanly and is not probed; text left by a killed process is probed, briefly taking the lock."""
@@ -68,7 +72,7 @@ def lock_holder(run_dir: Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return path.read_text().strip() or "a process that is still starting"
+        return named_holder(path)
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
