@@ -223,6 +223,22 @@ def logit_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def arm_scale_words(claim: dict) -> str:
+    """The claim's own arms' size where it differs from the study's (a variant that adds parameters trains on
+    fewer tokens per parameter), so that no verdict reads as holding at a scale its arms were not. A norm's
+    own gains and biases, under 1% of the model, leave the scale as it is."""
+    scale = claim["scale"]
+    sizes = [scale.get(f"params_{side}") for side in ("arm", "against")]
+    if scale["params"] is None or all(size is None or abs(size / scale["params"] - 1) <= 0.01 for size in sizes):
+        return ""
+
+    def size_words(size: int) -> str:
+        per_param = f" ({scale['tokens'] / size:.1f} tokens per parameter)" if scale.get("tokens") else ""
+        return f"{size / 1e6:.2f}M parameters{per_param}"
+
+    return "; at its arms' own scale: " + " against ".join(size_words(size) for size in sizes if size)
+
+
 def claims_table(claims: list[dict]) -> str:
     if not claims:
         return "The study's spec declares no claims (`claims:` in configs/study/<name>.yaml)."
@@ -235,7 +251,7 @@ def claims_table(claims: list[dict]) -> str:
         values = f"{number(c['value_arm'])} vs {number(c['value_against'])}" if "value_arm" in c else "–"
         difference = f"{c['difference']:+.3g}{interval(c.get('ci95'), '+.3g')}" if "difference" in c else "–"
         reason = f" ({c['reason']})" if c.get("reason") else ""
-        reason += equivalence_words(c) + influence_words(c)
+        reason += equivalence_words(c) + influence_words(c) + arm_scale_words(c)
         if c.get("paper_scale"):
             reason += f"; the paper's smallest setting: {c['paper_scale']}"
         expect = expectation(c)
@@ -399,9 +415,10 @@ is a configuration in which the statistic is bounded by construction, or lies ou
 otherwise the per-seed differences (arm − against; selection seeds for statistics of the whole curve, report
 seeds for those read at the best rate) give the 95% interval, the p-value of the paired t-test (of the two
 one-sided tests against the margin for "similar") and the verdict, which agree: no "agrees" at p ≥ 0.05.
-Every verdict holds at this study's scale: {scale_words(data["scale"])}.
+Every verdict holds at this study's scale: {scale_words(data["scale"])}; a claim whose arms are of
+another size names theirs in its row.
 
-{claims_table(evaluated)}
+{claims_table(data["claims"])}
 
 ## Attention logits
 

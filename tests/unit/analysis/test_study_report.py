@@ -96,6 +96,21 @@ def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
         assert (c["verdict"] in ("agrees", "disagrees")) == (c.get("p") is not None and c["p"] < 0.05)
 
 
+def test_a_claim_whose_arms_are_larger_than_the_study_model_names_their_own_scale():
+    """The budget study's nGPT claim: 3,072,000 tokens over 727,424 and 721,472 parameters are 4.2 and 4.3
+    tokens per parameter, not the tied model's 6.7; a claim on the study model's own size adds nothing."""
+    scale = {"params": 459328, "steps": 3000, "seq_len": 128, "tokens": 3072000, "tokens_per_param": 6.69}
+    larger = {"scale": {**scale, "params_arm": 727424, "params_against": 721472}}
+    assert study_report.arm_scale_words(larger) == (
+        "; at its arms' own scale: 0.73M parameters (4.2 tokens per parameter) against 0.72M parameters "
+        "(4.3 tokens per parameter)"
+    )
+    layernorm = {"scale": {**scale, "params_arm": 459328, "params_against": 459904}}  # its biases: 0.1% more
+    assert study_report.arm_scale_words(layernorm) == ""
+    one_armed = {"scale": {**scale, "tokens": None, "params_arm": 727424}}  # no token count recorded, no ratio
+    assert study_report.arm_scale_words(one_armed) == "; at its arms' own scale: 0.73M parameters"
+
+
 def test_mixed_tokenizers_are_refused_for_loss_but_not_for_bits_per_byte(tmp_path):
     root = tmp_path / "mixed"
     write_run(root, "rmsnorm", 0.01, 4.0, tokenizer="bpe-a")
