@@ -28,7 +28,6 @@ and the command exits 1 so that scripts notice.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import glob
 import hashlib
 import json
@@ -50,8 +49,9 @@ from analysis.keys import metric_key
 from analysis.probes import STUDY_PROBES
 from analysis.probes.layer_importance import skip_deltas
 from analysis.runs import layer_values, read_evaluations
-from model import ModelConfig, Transformer, build_model
+from model import Transformer, build_model
 from model.fold import fold_gains
+from model.from_state import check_weights, model_config_of, model_from_state
 from model.quantize import QuantizationError, check_schemes, quantized
 from training.atomic import atomic_write_text
 from training.checkpoint import CHECKPOINT_DIR, CheckpointError
@@ -59,11 +59,12 @@ from training.config import DataConfig, LoggerConfig, Precision, check_values, c
 from training.data import build_validation
 from training.errors import NormlabError
 from training.evaluation import evaluate
+from training.input_files import InputFileError, MiB, read_text
 from training.loggers import record_command
 from training.probes import PROBES, resolve_probe, run_probes
 from training.run_lock import discard_unused
 from training.runtime import autocast_context, resolve_device, resolve_precision
-from training.sharded_checkpoint import read_checkpoint
+from training.sharded_checkpoint import read_checkpoint, read_header
 from training.wandb_logger import WandbLogger
 
 log = logging.getLogger("normlab.eval")
@@ -115,24 +116,42 @@ register_configs()
 ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
 
 
-def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
-    """The checkpoint's model, refusing one this code's model config cannot hold."""
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(state["model_config"]) - known)
-    if unknown:
-        raise CheckpointError(
-            f"{source} has model config fields this code does not know ({', '.join(unknown)}); "
-            "evaluate it with the normlab version that trained it"
-        )
-    model = build_model(ModelConfig(**state["model_config"]))
+def checkpoint_tokenizer(state: dict, source: Path) -> Tokenizer:
+    """The tokenizer a checkpoint carries, or one line saying it is damaged."""
     try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[1:3]
+        return Tokenizer.from_str(state["tokenizer"])
+    except Exception as err:
         raise CheckpointError(
-            f"{source} does not match the model this code builds from its config: {' '.join(first)}"
+            f"{source} carries a tokenizer that cannot be read ({' '.join(str(err).split())[:120]}): the checkpoint "
+            "is damaged; evaluate another one of its run"
         ) from None
+
+
+def check_checkpoints(paths: list[Path]) -> None:
+    """Read every checkpoint named (tensors mapped, not loaded) and refuse the first that eval.py could not use
+    (damaged, not ours, a config its tensors do not fit, a damaged tokenizer), before any is evaluated."""
+    for path in paths:
+        source, state = read_header(path)
+        checkpoint_tokenizer(state, source)
+        try:
+            cfg = model_config_of(state["model_config"], str(source))
+            if "model" in state:  # a .pt; a .dcp's shapes are its metadata's, checked as its shards are read
+                with torch.device("meta"):
+                    check_weights(build_model(cfg), state["model"], str(source))
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+
+
+def load_model(state: dict, source: Path, device: torch.device) -> Transformer:
+    """The checkpoint's model, built only once its tensors are seen to fit its config (model/from_state.py)."""
+    try:
+        model = model_from_state(state["model_config"], state["model"], str(source))
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
     return model.to(device).eval()
+
+
+PROBE_TEXT_LIMIT = 8 * MiB  # past any model's context in tokens; each checkpoint bounds it again by its own
 
 
 class ProbeTextError(NormlabError, ValueError):
@@ -151,11 +170,9 @@ def read_probe_text(cfg: DictConfig) -> str | None:
     text = cfg.probe_text
     if cfg.probe_text_file is not None:
         try:
-            text = Path(cfg.probe_text_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise ProbeTextError(
-                f"probe_text_file={cfg.probe_text_file} cannot be read ({err}): give a UTF-8 text file"
-            ) from None
+            text = read_text(cfg.probe_text_file, PROBE_TEXT_LIMIT, "probe_text_file")
+        except InputFileError as err:
+            raise ProbeTextError(f"{err}: give a UTF-8 text file of at most the model's context") from None
     if text is not None and not text.strip():
         raise ProbeTextError(
             f"{_probe_text_option(cfg)} is empty: give the text to probe, e.g. 'probe_text=\"In the beginning\"'"
@@ -166,7 +183,15 @@ def read_probe_text(cfg: DictConfig) -> str | None:
 def probe_batch(cfg: DictConfig, text: str, tokenizer: Tokenizer, context: int) -> torch.Tensor:
     """``text`` as one row of the checkpoint's tokens, as the prompt is read (a BOS its tokenizer adds included),
     refused where the probes cannot read it: attention to the first position is measured from the second, and
-    the model has no position beyond its context."""
+    the model has no position beyond its context. A text longer than ``context`` tokens of the tokenizer's
+    longest could be is refused by its size, before the tokenizer reads it."""
+    longest = max((len(token.encode()) for token in tokenizer.get_vocab()), default=1)
+    if len(text.encode()) > context * longest:
+        raise ProbeTextError(
+            f"{_probe_text_option(cfg)} is {len(text.encode()):,} bytes, more than {context} tokens of this "
+            f"checkpoint's tokenizer can hold (its longest token is {longest} bytes): shorten it to at most the "
+            f"model's context of {context} tokens"
+        )
     ids = tokenizer.encode(text).ids
     if len(ids) < 2:
         raise ProbeTextError(
@@ -200,7 +225,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device, probe
     if cfg.val_windows:
         data_cfg.val_windows = cfg.val_windows
     seq_len = run_cfg["train"]["seq_len"] or model.cfg.max_seq_len
-    tokenizer = Tokenizer.from_str(state["tokenizer"])
+    tokenizer = checkpoint_tokenizer(state, source)
     val, token_bytes, fingerprint = build_validation(data_cfg, seq_len, tokenizer)
     if probe_text is None:
         probed = val[: cfg.batch_size, :-1]
@@ -399,6 +424,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
     check_schemes(cfg.quant)  # before any checkpoint is read
     probe_text = read_probe_text(cfg)
     paths = checkpoint_paths(cfg.checkpoint)
+    check_checkpoints(paths)
     device = resolve_device(cfg.device)
     results, not_written = {}, []
     for path in paths:

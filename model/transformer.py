@@ -24,6 +24,10 @@ from model.registry import chosen_variants, combined
 from model.rope import rope_tables
 from norms import Norm
 
+# Positions the RoPE tables hold when the model is built; a longer context extends them when a sequence reaches
+# past (``rope``), so a config that declares a context of a billion positions allocates only what runs.
+ROPE_POSITIONS = 8192
+
 
 class Transformer(nn.Module):
     on_sphere = False  # whether the model keeps its vectors on the unit sphere (no gain folds into a matrix)
@@ -44,9 +48,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_scaling)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.build_rope(min(cfg.max_seq_len, ROPE_POSITIONS))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -103,6 +105,21 @@ class Transformer(nn.Module):
             x = x * self.embed_scale
         return x if self.embed_norm is None else self.embed_norm(x)
 
+    def build_rope(self, rows: int, device: torch.device | str | None = None) -> None:
+        """RoPE's cos and sin tables for the first ``rows`` positions (buffers, not saved: they follow from the
+        config), on ``device`` (the default device when None)."""
+        cos, sin = rope_tables(self.cfg.head_dim, rows, self.cfg.rope_theta, self.cfg.rope_scaling)
+        self.register_buffer("rope_cos", cos.to(device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device), persistent=False)
+
+    def rope(self, start_pos: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin rows for positions ``start_pos`` to ``start_pos + seq``, the tables extended (at least
+        doubled, at most to model.max_seq_len) when the sequence reaches past them."""
+        end = start_pos + seq
+        if end > self.rope_cos.shape[0]:
+            self.build_rope(min(max(end, 2 * self.rope_cos.shape[0]), self.cfg.max_seq_len), self.rope_cos.device)
+        return self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]
+
     def norm_modules(self) -> dict[str, Norm]:
         """Every norm instance by its stable dotted name, in the order the forward pass meets them."""
         return {name: module for name, module in self.named_modules() if isinstance(module, Norm)}
@@ -124,8 +141,7 @@ class Transformer(nn.Module):
         seq = tokens.shape[1]
         if start_pos + seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {start_pos + seq} tokens exceeds model.max_seq_len={self.cfg.max_seq_len}")
-        cos = self.rope_cos[start_pos : start_pos + seq]
-        sin = self.rope_sin[start_pos : start_pos + seq]
+        cos, sin = self.rope(start_pos, seq)
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if caches is None else caches[i], start_pos)

@@ -17,6 +17,7 @@ import logging
 import pickle
 import random
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 from model.config import ModelConfig
 from training.atomic import atomic_write
 from training.errors import CheckpointError, UnsafeCheckpointError
+from training.input_files import InputFileError, regular_file
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
@@ -46,9 +48,14 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
         shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Keep the newest ``keep`` checkpoints (all of them for 0)."""
-    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+def prune_checkpoints(run_dir: Path, keep: int, unreadable: frozenset[Path] = frozenset()) -> None:
+    """Keep the newest ``keep`` readable checkpoints (all of them for 0): those found ``unreadable`` (by a resume
+    that fell back past them) do not count, and are removed once ``keep`` readable ones are newer."""
+    found = list_checkpoints(run_dir)
+    readable = [path for path in found if path not in unreadable]
+    if keep <= 0 or len(readable) <= keep:
+        return
+    for old in found[: found.index(readable[-keep])]:
         shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
@@ -88,11 +95,14 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` as the checkpoint of ``state['step']``, then keep only the newest ``keep``."""
+def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int, unreadable: set[Path] | None = None) -> Path:
+    """Write ``state`` as the checkpoint of ``state['step']``, then keep only the newest ``keep`` readable ones
+    (``unreadable``: those a resume passed over, less the one just written in the place of one)."""
     path = checkpoint_dir(run_dir) / f"step_{state['step']:07d}.pt"
     atomic_write(path, lambda tmp: torch.save(state, tmp))
-    prune_checkpoints(run_dir, keep)
+    unreadable = set() if unreadable is None else unreadable
+    unreadable.discard(path)
+    prune_checkpoints(run_dir, keep, frozenset(unreadable))
     return path
 
 
@@ -119,19 +129,26 @@ _LEGACY_NUMPY_GLOBALS = [
 ]
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint (a sharded one's header.pt) as data only: anything that would run code is refused."""
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint (a sharded one's header.pt) as data only: anything that would run code is refused.
+    ``mmap``: the tensors are mapped from the file, not read (to check a checkpoint before using it)."""
     path = resolve_checkpoint(path)
     file = path / "header.pt" if path.is_dir() else path  # a sharded checkpoint's all but its shards
     try:
+        regular_file(file, "a checkpoint")
         with torch.serialization.safe_globals(_LEGACY_NUMPY_GLOBALS):
-            state = torch.load(file, map_location=map_location, weights_only=True)
+            state = torch.load(
+                file, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(file)
+            )
+    except InputFileError as err:
+        raise CheckpointError(f"could not read checkpoint {path}: {err}") from None
     except pickle.UnpicklingError as err:
         # The safe unpickler names the global (a class or function) it would have had to import.
         found = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]
         if not found:
+            log.debug("torch.load(%s): %s", file, err)
             raise CheckpointError(
-                f"could not read checkpoint {path}: it is damaged or not a torch checkpoint ({err})"
+                f"could not read checkpoint {path}: it is damaged or not a torch checkpoint"
             ) from None
         raise UnsafeCheckpointError(
             f"refused to load {path}: it contains objects other than tensors and plain data, and unpickling "
@@ -139,7 +156,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
             "only load this file with torch.load(weights_only=False) if you trust whoever made it."
         ) from None
     except Exception as err:
-        raise CheckpointError(f"could not read checkpoint {path}: {err}") from None
+        log.debug("torch.load(%s): %s", file, err)
+        raise CheckpointError(f"could not read checkpoint {path}: {first_clause(err)}") from None
     if path.is_dir():  # its shards too, before any is read: a damaged one is passed over like a damaged file
         from training.dcp_metadata import read_metadata
 
@@ -147,28 +165,39 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-def load_newest_readable(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[Path, dict] | None:
-    """The newest checkpoint of ``run_dir`` that reads, falling back past damaged ones with a warning.
+def first_clause(err: BaseException) -> str:
+    """An exception's first line, short: torch's own texts run to paragraphs (the whole goes to the debug log)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[0] if lines else type(err).__name__)[:160]
 
-    Returns None when the run has no checkpoint. If checkpoints exist but none reads, raises a
-    CheckpointError naming every file: a run never silently starts over from step 0.
+
+def load_newest_readable(
+    run_dir: Path, map_location: str | torch.device = "cpu", unreadable: set[Path] | None = None, mmap: bool = False
+) -> tuple[Path, dict] | None:
+    """The newest checkpoint of ``run_dir`` that reads, falling back past damaged ones with a warning (each one
+    passed over is added to ``unreadable``, which pruning then does not count).
+
+    Returns None when the run has no checkpoint. If checkpoints exist but none reads, raises a one-line
+    CheckpointError naming them: a run never silently starts over from step 0.
     """
     candidates = list_checkpoints(run_dir)
     failures = []
     for path in reversed(candidates):
         try:
-            state = load_checkpoint(path, map_location)
+            state = load_checkpoint(path, map_location, mmap)
         except CheckpointError as err:
-            failures.append(str(err))
+            failures.append(str(err).removeprefix("could not read checkpoint "))
+            if unreadable is not None:
+                unreadable.add(path)
             continue
         if failures:
-            log.warning("%s: using %s, the newest checkpoint that reads", "; ".join(failures), path)
+            log.warning("cannot read %s: using %s, the newest checkpoint that reads", "; ".join(failures), path)
         return path, state
     if failures:
         raise CheckpointError(
-            f"none of the {len(candidates)} checkpoints in {checkpoint_dir(run_dir)} can be read:\n  "
-            + "\n  ".join(failures)
-            + "\nMove them away to start this run over from step 0, or resume from a copy that reads."
+            f"none of the {len(candidates)} checkpoints in {checkpoint_dir(run_dir)} can be read ({failures[0]}"
+            f"{f'; and {len(failures) - 1} more' if len(failures) > 1 else ''}): restore a copy that reads, or move "
+            "them away to start this run over from step 0"
         )
     return None
 

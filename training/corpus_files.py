@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from training.corpus import DataError, Split, texts
+from training.input_files import InputFileError, regular_file
 
 
 def _expand(patterns: list[str], key: str) -> list[str]:
@@ -20,6 +21,11 @@ def _expand(patterns: list[str], key: str) -> list[str]:
         folder = next((m for m in matches if os.path.isdir(m)), None)
         if folder is not None:
             raise DataError(f"{key}: {folder} is a folder, not a file; name its files, e.g. {key}=['{folder}/*.txt']")
+        for match in matches:  # a FIFO or a device would be read forever
+            try:
+                regular_file(match, key)
+            except InputFileError as err:
+                raise DataError(str(err)) from None
         paths.extend(matches)
     return paths
 

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from training.errors import CheckpointError, UnsafeCheckpointError
+from training.input_files import InputFileError, regular_file
 
 METADATA = ".metadata"
 # Every class DCP's metadata is made of, as the exact (module, name) pairs a pickle names them by. Never a module's
@@ -63,16 +64,19 @@ def read_metadata(path: Path) -> Metadata:
     is refused here, before any tensor is read, so a run falls back to the previous checkpoint."""
     file = Path(path) / METADATA
     try:
+        regular_file(file, "a sharded checkpoint's metadata")
         with open(file, "rb") as f:
             metadata = _MetadataUnpickler(f, file).load()
         shards = _shards_needed(path, metadata)
     except CheckpointError:
         raise
+    except InputFileError as err:
+        raise CheckpointError(f"could not read checkpoint {path}: {err}") from None
     except Exception as err:  # a pickle of allowed classes in another arrangement is damaged too
         raise CheckpointError(f"could not read checkpoint {path}: {file.name} is damaged ({err})") from None
     for name, end in sorted(shards.items()):
         shard = Path(path) / name
-        size = shard.stat().st_size if shard.is_file() else None
+        size = shard.stat().st_size if shard.is_file() else None  # a FIFO or a device is no shard
         if size is None or size < end:
             problem = "is missing" if size is None else f"is truncated ({size:,} of at least {end:,} bytes)"
             raise CheckpointError(f"could not read checkpoint {path}: its shard {name} {problem}")

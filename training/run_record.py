@@ -25,8 +25,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from training.atomic import atomic_write_text
-from training.checkpoint import load_newest_readable
+from training.checkpoint import first_clause, load_newest_readable
 from training.errors import NormlabError
+from training.input_files import InputFileError, MiB, read_text
 from training.run_lock import LOCK_FILE
 
 RECORD = "config.yaml"
@@ -122,11 +123,21 @@ def check_run_directory(run_dir: Path) -> None:
         )
 
 
+RECORD_LIMIT = 64 * MiB  # a record is a few kilobytes, and grows by one entry a resume
+
+
 def read_record(run_dir: Path) -> dict | None:
     path = Path(run_dir) / RECORD
-    if not path.is_file():
+    if not path.exists():
         return None
-    record = yaml.safe_load(path.read_text())
+    try:
+        record = yaml.safe_load(read_text(path, RECORD_LIMIT, "a run's record"))
+    except InputFileError as err:
+        raise RunIdentityError(f"{err}; move it away or use another run_name") from None
+    except yaml.YAMLError as err:
+        raise RunIdentityError(
+            f"{path} is not YAML ({first_clause(err)}); move it away or use another run_name"
+        ) from None
     if not isinstance(record, dict):
         raise RunIdentityError(f"{path} is not a run record (a YAML mapping); move it away or use another run_name")
     return record
@@ -203,9 +214,11 @@ def check_resume(run_dir: Path, run_config: dict, schema_defaults: dict, allowed
             f"this run with the new values anyway, add 'resume_with_changes=[{keys}]'; the change is then recorded "
             f"in {Path(run_dir) / RECORD} under resumes. Nothing in {run_dir} was changed."
         )
+    runtime = record.get("runtime") or {}
     entry = {
         "changes": _changes(_recorded_keys(recorded), _recorded_keys(run_config), defaults),
-        "data_fingerprint": (record.get("runtime") or {}).get("data_fingerprint"),
+        "data_fingerprint": runtime.get("data_fingerprint"),
+        "vocab_size": runtime.get("vocab_size"),  # the embedding rows it trained with (padded as its source was)
     }
     if path.name != RECORD:
         entry.update(restored_record=record, record_source=str(path))

@@ -96,6 +96,20 @@ def check_normlab_state(state: Any, source: Path) -> None:
         )
 
 
+def read_header(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint ``read_checkpoint`` would read and its state, but with a .pt's tensors mapped from the file
+    and a .dcp's shards checked against their metadata, not read: cheap enough to check every checkpoint a command
+    names before it uses any."""
+    path = Path(path)
+    source = resolve_checkpoint(path)
+    if source == path:
+        state = load_checkpoint(source, mmap=True)
+    else:
+        source, state = load_newest_readable(path, mmap=True)
+    check_normlab_state(state, source)
+    return source, state
+
+
 def read_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
     """Any checkpoint, whole or sharded (a file, a .dcp directory, or a run directory's newest that reads, past
     damaged ones with a warning), with the whole model's weights under ``model``, read in this one process
@@ -117,10 +131,17 @@ def read_checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
 
 
 def save_sharded(
-    run_dir: Path, header: dict[str, Any], model: nn.Module, optimizer, keep: int, dist: Distributed
+    run_dir: Path,
+    header: dict[str, Any],
+    model: nn.Module,
+    optimizer,
+    keep: int,
+    dist: Distributed,
+    unreadable: set[Path] | None = None,
 ) -> Path:
     """Every process writes its shards of ``model`` and ``optimizer``, rank 0 the ``header``; then rank 0 makes
-    the checkpoint appear by a rename, and keeps the newest ``keep``. A collective: every process calls it."""
+    the checkpoint appear by a rename, and keeps the newest ``keep`` readable ones. A collective: every process
+    calls it."""
     path = checkpoint_dir(run_dir) / f"step_{header['step']:07d}.dcp"
     tmp = path.with_name(f".{path.name}.tmp")
     model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -134,7 +155,9 @@ def save_sharded(
     if dist.is_main:  # dcp.save returns once rank 0 has written .metadata, after every process wrote its shards
         shutil.rmtree(path, ignore_errors=True)  # an unreadable one of the same step, which the resume passed over
         os.replace(tmp, path)
-        prune_checkpoints(run_dir, keep)
+        unreadable = set() if unreadable is None else unreadable
+        unreadable.discard(path)
+        prune_checkpoints(run_dir, keep, frozenset(unreadable))
     return path
 
 

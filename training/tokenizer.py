@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from training.atomic import atomic_write_text
 from training.corpus import DataError, Split
+from training.input_files import InputFileError, MiB, read_text
 
 log = logging.getLogger(__name__)
 EOS = "<|endoftext|>"
@@ -36,9 +37,8 @@ def get_tokenizer(data_cfg, train: Split, cache_dir: Path) -> Tokenizer:
         return tokenizer
     path = Path(os.path.expanduser(data_cfg.tokenizer))
     if path.suffix == ".json":
-        if not path.is_file():
-            problem = "is a folder, not a file" if path.is_dir() else "no such file"
-            raise DataError(f"data.tokenizer={data_cfg.tokenizer!r}: {problem}")
+        if not path.exists():
+            raise DataError(f"data.tokenizer={data_cfg.tokenizer!r}: no such file")
         return read_tokenizer_file(
             path, f"data.tokenizer={data_cfg.tokenizer!r}", "give a tokenizer.json that train.py wrote"
         )
@@ -72,12 +72,22 @@ def _cached_bpe(train: Split, vocab_size: int, cache_dir: Path) -> Tokenizer:
     return tokenizer
 
 
+TOKENIZER_LIMIT = 256 * MiB  # Llama 3's tokenizer.json is 9 MB, Gemma 3's 33 MB
+
+
 def read_tokenizer_file(path: Path, where: str, fix: str) -> Tokenizer:
-    """A tokenizer file, or one line naming it, what is wrong and ``fix`` (the library's errors are bare)."""
+    """A tokenizer file of bounded size, or one line naming it, what is wrong and ``fix`` (the library's errors are
+    bare)."""
     try:
-        return Tokenizer.from_file(str(path))
+        text = read_text(path, TOKENIZER_LIMIT, where)
+    except InputFileError as err:
+        raise DataError(f"{err}; {fix}") from None
+    try:
+        return Tokenizer.from_str(text)
     except Exception as err:
-        raise DataError(f"{where}: {path} is not a tokenizer file ({' '.join(str(err).split())}); {fix}") from None
+        raise DataError(
+            f"{where}: {path} is not a tokenizer file ({' '.join(str(err).split())[:200]}); {fix}"
+        ) from None
 
 
 def train_bpe(documents, vocab_size: int) -> Tokenizer:

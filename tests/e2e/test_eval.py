@@ -71,7 +71,7 @@ def test_checkpoint_that_does_not_match_the_code_is_refused(trained, tmp_path):
     state = load_checkpoint(trained / "rmsnorm")
     state["model_config"]["d_model"] = 32  # weights of a 64-wide model under a 32-wide config
     torch.save(state, tmp_path / "wrong.pt")
-    with pytest.raises(CheckpointError, match="does not match the model this code builds"):
+    with pytest.raises(CheckpointError, match="does not match the model its config describes: it holds final_norm.weight of shape"):
         eval_script.run_eval(eval_config(f"checkpoint={tmp_path / 'wrong.pt'}"), tmp_path)
     state["model_config"]["d_model"] = 64
     state["model_config"]["future_option"] = True

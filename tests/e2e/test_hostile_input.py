@@ -319,7 +319,7 @@ def _damaged_cached_tokenizer(tmp_path, cache_dir):
 
 def _tokenizer_a_folder(tmp_path, cache_dir):
     (tmp_path / "tokenizer.json").mkdir()
-    return [f"data.tokenizer={tmp_path / 'tokenizer.json'}"], "tokenizer.json': is a folder, not a file"
+    return [f"data.tokenizer={tmp_path / 'tokenizer.json'}"], "tokenizer.json is a folder, not a regular file"
 
 
 # How a new run's data is hostile: each makes it in a test's folder, and gives the overrides and the line expected.
@@ -362,16 +362,19 @@ def test_a_train_log_that_links_out_of_the_run_refuses_the_resume_and_nothing_is
     [
         ("run_name=../escape", "run_name='../escape' is not one folder name inside runs/"),
         ("run_name=" + "a" * 300, "is 300 bytes, past the 255 bytes a folder name may have"),
+        ("-m run_name=ok," + "b" * 300, "is 300 bytes, past the 255 bytes a folder name may have"),
         ("norm=ngpt norm.placement=hybrid", "norm=ngpt is nGPT's own model (norm.placement=ngpt)"),
     ],
-    ids=["run_name leaving runs", "run_name too long", "a contradiction"],
+    ids=["run_name leaving runs", "run_name too long", "a sweep's run_name too long", "a contradiction"],
 )
 def test_a_config_refused_before_hydra_makes_the_run_folder_leaves_no_folder_at_all(override, named, tmp_path):
     """Run from an empty folder with the default hydra.run.dir (runs/<run_name>): neither runs/, nor ../escape, nor
     a traceback on a name too long for a folder."""
     work = tmp_path / "work"
     work.mkdir()
-    result = _cli(str(ROOT / "train.py"), "model=tiny", "logger=none", *override.split(), cwd=work)
+    flags = [arg for arg in override.split() if arg.startswith("-")]  # Hydra's own flags come first
+    keys = [arg for arg in override.split() if not arg.startswith("-")]
+    result = _cli(str(ROOT / "train.py"), *flags, "model=tiny", "logger=none", *keys, cwd=work)
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]
     assert result.returncode == 1 and len(errors) == 1 and named in errors[0], result.stdout + result.stderr
     assert "Traceback" not in result.stderr
