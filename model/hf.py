@@ -12,10 +12,9 @@ feature that has no equivalent. A gain of ``one_plus`` or ``none`` exports as th
 it equals (1 + w, or ones). Our RoPE already uses the rotate-half layout, so q/k weights need
 no permutation; our fused q|k|v and gate|up projections are split into separate ones.
 
-The import (scripts/import_hf.py) reads the same tables the other way: ``hf_model_config`` is
-``hf_config``'s inverse and ``load_hf_tensors`` ``hf_state_dict``'s, both through one name map
-(``hf_tensor_names``). Hugging Face's settings that none of our variants has (biases, sliding
-windows, RoPE scaling other than Llama 3's, ...) are refused by name.
+The import (scripts/import_hf.py) reads the same tables the other way: ``hf_model_config``
+(model/hf_settings.py) is ``hf_config``'s inverse and ``load_hf_tensors`` ``hf_state_dict``'s, both
+through one name map (``hf_tensor_names``).
 """
 
 from __future__ import annotations
@@ -25,13 +24,9 @@ from typing import Any
 
 import torch
 
-from model.config import ModelConfig
-from model.rope import LLAMA3_KEYS
+from model.hf_settings import HF_CLASSES
 from model.transformer import Transformer
 from norms import Norm
-
-HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
-ROPE_TYPES = ("default", "llama3")  # plain RoPE, and Llama 3's frequency scaling (model/rope.py)
 
 # Our norm attribute in a block -> its name in each Hugging Face layer.
 _BLOCK_NORMS = {
@@ -121,71 +116,6 @@ def hf_config(model: Transformer) -> dict[str, Any]:
     if model_type == "qwen3":
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers)
     return config
-
-
-def hf_model_config(config: dict[str, Any]) -> ModelConfig:
-    """Our model config for a Hugging Face config.json (``hf_config``'s inverse); a ValueError naming the first
-    setting that has no equivalent here."""
-    architectures = config.get("architectures") or [HF_CLASSES.get(config.get("model_type"), config.get("model_type"))]
-    model_type = {name: key for key, name in HF_CLASSES.items()}.get(architectures[0])
-    if len(architectures) != 1 or model_type is None:
-        raise ValueError(
-            f"architecture {', '.join(map(str, architectures))} has no equivalent here: normlab imports "
-            f"{', '.join(HF_CLASSES.values())}"
-        )
-    rope = _rope_parameters(config)
-    rope_type = rope["rope_type"]
-    layer_types = set(config.get("layer_types") or ["full_attention"])
-    unheld = {
-        f"hidden_act={config.get('hidden_act')}": config.get("hidden_act", "silu") != "silu",
-        "attention_bias=true": config.get("attention_bias", False),
-        "mlp_bias=true": config.get("mlp_bias", False),
-        f"attention_dropout={config.get('attention_dropout')}": config.get("attention_dropout", 0.0) != 0,
-        f"RoPE scaling {rope_type!r} (normlab has plain RoPE and Llama 3's, llama3)": rope_type not in ROPE_TYPES,
-        f"partial_rotary_factor={rope.get('partial_rotary_factor')}": rope.get("partial_rotary_factor", 1.0) != 1,
-        "use_sliding_window=true": config.get("use_sliding_window", False),
-        f"layer_types {sorted(layer_types)}": layer_types != {"full_attention"},
-        "quantization_config (import the unquantized model)": "quantization_config" in config,
-    }
-    unheld = [feature for feature, used in unheld.items() if used]
-    if unheld:
-        raise ValueError(f"{architectures[0]} with {unheld[0]} has no equivalent in normlab's model")
-    # Llama's and Qwen3's RMSNorm round to the input's dtype before the gain, OLMo 2's after it (our default).
-    cast_order = {} if model_type == "olmo2" else {"cast_before_weight": True}
-    try:
-        width, heads = config["hidden_size"], config["num_attention_heads"]
-        head_dim = config.get("head_dim") or width // heads
-        llama3 = {key: rope[key] for key in ("rope_type", *LLAMA3_KEYS)} if rope_type == "llama3" else {}
-        return ModelConfig(
-            vocab_size=config["vocab_size"],
-            d_model=width,
-            n_layers=config["num_hidden_layers"],
-            n_heads=heads,
-            n_kv_heads=config.get("num_key_value_heads") or heads,
-            head_size=None if head_dim * heads == width else head_dim,
-            mlp_hidden=config["intermediate_size"],
-            max_seq_len=config["max_position_embeddings"],
-            rope_theta=float(rope["rope_theta"]),
-            rope_scaling=llama3,
-            norm="rmsnorm",
-            norm_options={"eps": config.get("rms_norm_eps", 1e-6), **cast_order},
-            placement="reordered" if model_type == "olmo2" else "pre",
-            qk_norm=None if model_type == "llama" else "rmsnorm",
-            qk_axis="all" if model_type == "olmo2" else "head",
-            tie_embeddings=config.get("tie_word_embeddings", False),
-            init_std=config.get("initializer_range", 0.02),
-        )
-    except KeyError as err:
-        raise ValueError(f"{architectures[0]}'s config.json has no {err.args[0]}") from None
-
-
-def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
-    """RoPE's settings in the current layout (``rope_parameters``) from either it or the older ``rope_theta`` and
-    ``rope_scaling`` (whose type key was once ``type``)."""
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
-    rope["rope_type"] = rope.get("rope_type", rope.pop("type", "default"))
-    return rope
 
 
 def hf_tensor_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
+import glob
 import os
 import re
 import shlex
@@ -37,15 +37,16 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from model import ModelConfig, build_model
-from model.hf import HF_CLASSES, hf_model_config, hf_model_type, hf_tensor_shapes, load_hf_tensors
+from model.hf import hf_model_type, hf_tensor_shapes, load_hf_tensors
+from model.hf_settings import HF_CLASSES, hf_model_config, special_token_ids
 from training.batches import split_global_batch
 from training.checkpoint import rng_states, save_checkpoint
 from training.config import build_model_config, register_configs
 from training.errors import NormlabError
+from training.input_files import InputFileError, MiB, read_json, read_text, regular_file
 from training.optim import build_optimizer
 from training.run_record import write_new_record
 from training.runtime import resolve_device, resolve_precision, seed_everything
-from training.tokenizer import read_tokenizer_file
 
 register_configs()
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -56,13 +57,19 @@ class ImportRefused(NormlabError, ValueError):
     """A folder that cannot become a run directory; the message names what and how to go on."""
 
 
+CONFIG_LIMIT = MiB  # a config.json is a few kilobytes
+INDEX_LIMIT = 64 * MiB  # a shard index names every tensor once: a few hundred kilobytes for the largest models
+TOKENIZER_LIMIT = 256 * MiB  # Llama 3's tokenizer.json is 9 MB, Gemma 3's 33 MB
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors' names of the dtypes a weight may have
+
+
 def read_config(folder: Path) -> tuple[dict, ModelConfig]:
     """config.json and the model config it describes."""
     path = folder / "config.json"
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ImportRefused(f"cannot read {path} ({err}): give a Hugging Face model folder") from None
+        config = read_json(path, CONFIG_LIMIT, "config.json")
+    except InputFileError as err:
+        raise ImportRefused(f"{err}: give a Hugging Face model folder") from None
     if not isinstance(config, dict):
         raise ImportRefused(
             f"{path} holds a JSON {type(config).__name__}, not a model config: give a Hugging Face model folder"
@@ -70,54 +77,112 @@ def read_config(folder: Path) -> tuple[dict, ModelConfig]:
     try:
         return config, hf_model_config(config)
     except ValueError as err:
-        raise ImportRefused(f"{folder}: {err}") from None
+        raise ImportRefused(f"{path}: {err}") from None
 
 
-def read_tokenizer(folder: Path, vocab_size: int) -> Tokenizer:
+def read_tokenizer(folder: Path, vocab_size: int, config: dict) -> Tokenizer:
+    """tokenizer.json, refused unless every token id it can produce, and every special token id config.json names,
+    has a row in the embedding table."""
     path = folder / "tokenizer.json"
-    if not path.is_file():
+    if not path.exists():
         raise ImportRefused(
             f"{folder} has no tokenizer.json, which eval.py and train.py read: save the fast tokenizer there with "
             "transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)"
         )
-    tokenizer = read_tokenizer_file(path, str(folder), "save the fast tokenizer there again")
-    if tokenizer.get_vocab_size() > vocab_size:
+    try:
+        text = read_text(path, TOKENIZER_LIMIT, "tokenizer.json")
+        tokenizer = Tokenizer.from_str(text)
+    except InputFileError as err:
+        raise ImportRefused(str(err)) from None
+    except Exception as err:
+        raise ImportRefused(f"{path} is not a tokenizer file ({' '.join(str(err).split())[:200]})") from None
+    largest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+    if largest >= vocab_size:
         raise ImportRefused(
-            f"{path} has {tokenizer.get_vocab_size()} tokens but config.json's vocab_size is {vocab_size}: "
+            f"{path} has token id {largest} but config.json's vocab_size is {vocab_size} (ids 0-{vocab_size - 1}): "
             "they are not one model's"
+        )
+    try:
+        past = [(key, token) for key, token in special_token_ids(config).items() if token >= vocab_size]
+    except ValueError as err:
+        raise ImportRefused(f"{folder / 'config.json'}: {err}") from None
+    if past:
+        key, token = past[0]
+        raise ImportRefused(
+            f"{folder / 'config.json'}: {key}={token} has no row in the embedding table of vocab_size={vocab_size}"
         )
     return tokenizer
 
 
-def open_weights(folder: Path) -> dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]]:
-    """Every tensor of the folder's weights by name: its shape, and a function that reads it. Safetensors (preferred
-    where both are there) are opened for each read, so a shard's pages are mapped only while one of its tensors is
-    copied; a pytorch_model.bin is memory-mapped whole."""
+Tensors = dict[str, tuple[tuple[int, ...], str, Callable[[], torch.Tensor]]]  # name -> (shape, dtype, reader)
+
+
+def weight_files(folder: Path) -> tuple[str, list[str], dict[str, str] | None]:
+    """The kind of the folder's weights, their files, and the index's tensor -> file map (None for one file).
+    Safetensors come first, as transformers reads them; a folder with both one file and an index is refused,
+    because which one holds the model is a guess."""
     for stem in ("model.safetensors", "pytorch_model.bin"):
         index = folder / f"{stem}.index.json"
-        if index.is_file():
-            try:
-                files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError) as err:
-                raise ImportRefused(f"cannot read {index} ({err}): it should map tensor names to shards") from None
-        elif (folder / stem).is_file():
-            files = [stem]
-        else:
-            continue
-        missing = [name for name in files if not (folder / name).is_file()]
-        if missing:
-            raise ImportRefused(f"{folder} has no {missing[0]}, a shard its {index.name} names")
-        tensors = {}
-        for name in files:
-            tensors.update(_safetensors(folder / name) if stem.endswith("safetensors") else _pickled(folder / name))
-        return tensors
+        single = folder / stem
+        if index.exists() and single.exists():
+            raise ImportRefused(
+                f"{folder} holds both {stem} and {index.name}, which may be two models: remove the one that is not "
+                "the model's weights"
+            )
+        if single.exists():
+            return stem, [stem], None
+        if index.exists():
+            weight_map = _weight_map(index)
+            return stem, sorted(set(weight_map.values())), weight_map
     raise ImportRefused(
         f"{folder} has no weights: expected model.safetensors, model.safetensors.index.json with its shards, "
         "or pytorch_model.bin"
     )
 
 
-def _safetensors(path: Path) -> dict:
+def _weight_map(index: Path) -> dict[str, str]:
+    """An index's tensor -> shard map, each shard a plain file name in the folder (a name with a folder in it, or
+    .., would read a file outside the model's folder)."""
+    try:
+        weight_map = read_json(index, INDEX_LIMIT, index.name).get("weight_map")
+    except (InputFileError, AttributeError) as err:
+        raise ImportRefused(f"cannot read {index} ({err}): it should map tensor names to shards") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ImportRefused(f"{index} has no weight_map of tensor names to shards")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise ImportRefused(
+                f"{index} maps {name} to {shard!r}, which is not a file name in {index.parent}: an index names "
+                "shards beside it"
+            )
+    return weight_map
+
+
+def open_weights(folder: Path) -> Tensors:
+    """Every tensor of the folder's weights by name: its shape, its dtype, and a function that reads it.
+    Safetensors are opened for each read, so a shard's pages are mapped only while one of its tensors is copied;
+    a pytorch_model.bin is memory-mapped whole. A tensor in two shards, or where the index does not say it is,
+    is refused: readers that trust the index and readers that trust the shards would read different models."""
+    stem, files, weight_map = weight_files(folder)
+    tensors: Tensors = {}
+    for name in files:
+        path = folder / name
+        try:
+            regular_file(path, "a weights file")
+        except InputFileError as err:
+            raise ImportRefused(f"{err} (a shard its index names)" if weight_map else str(err)) from None
+        for tensor, found in (_safetensors(path) if stem.endswith("safetensors") else _pickled(path)).items():
+            if tensor in tensors:
+                raise ImportRefused(f"{tensor} is in more than one shard of {folder}, one of them {name}")
+            if weight_map is not None and weight_map.get(tensor) != name:
+                raise ImportRefused(
+                    f"{path} holds {tensor}, which {stem}.index.json places in {weight_map.get(tensor, 'no shard')}"
+                )
+            tensors[tensor] = found
+    return tensors
+
+
+def _safetensors(path: Path) -> Tensors:
     from safetensors import safe_open
 
     def read(name: str) -> torch.Tensor:
@@ -126,13 +191,14 @@ def _safetensors(path: Path) -> dict:
 
     try:
         with safe_open(str(path), framework="pt") as handle:
-            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
+            slices = {name: handle.get_slice(name) for name in handle.keys()}  # noqa: SIM118
+            found = {name: (tuple(s.get_shape()), s.get_dtype()) for name, s in slices.items()}
     except Exception as err:
-        raise ImportRefused(f"cannot read {path}: {err}") from None
-    return {name: (shape, functools.partial(read, name)) for name, shape in shapes.items()}
+        raise ImportRefused(f"cannot read {path}: {' '.join(str(err).split())[:300]}") from None
+    return {name: (shape, dtype, functools.partial(read, name)) for name, (shape, dtype) in found.items()}
 
 
-def _pickled(path: Path) -> dict:
+def _pickled(path: Path) -> Tensors:
     try:  # memory-mapped where the file is torch's zip format (any file since torch 1.6)
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as err:
@@ -144,11 +210,15 @@ def _pickled(path: Path) -> dict:
         ) from None
     if not isinstance(state, dict) or not all(isinstance(tensor, torch.Tensor) for tensor in state.values()):
         raise ImportRefused(f"{path} holds no state dict (names to tensors): give the model's weights")
-    return {name: (tuple(tensor.shape), lambda tensor=tensor: tensor) for name, tensor in state.items()}
+    return {
+        name: (tuple(tensor.shape), "F32" if tensor.is_floating_point() else str(tensor.dtype), lambda t=tensor: t)
+        for name, tensor in state.items()
+    }
 
 
-def check_tensors(tensors: dict, expected: dict[str, tuple[int, ...]], cfg: ModelConfig, architecture: str) -> None:
-    """Refuse a missing tensor, one of another shape, and one that has no place in our model."""
+def check_tensors(tensors: Tensors, expected: dict[str, tuple[int, ...]], cfg: ModelConfig, architecture: str) -> None:
+    """Refuse a missing tensor, one of another shape or a non-float dtype, one that has no place in our model, and
+    a distinct LM head where config.json says the head is the embedding table."""
     missing = [name for name in expected if name not in tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -159,11 +229,29 @@ def check_tensors(tensors: dict, expected: dict[str, tuple[int, ...]], cfg: Mode
         raise ImportRefused(
             f"{name} has shape {list(tensors[name][0])} where config.json implies {list(expected[name])}"
         )
+    not_float = [name for name in expected if tensors[name][1] not in FLOAT_DTYPES]
+    if not_float:
+        raise ImportRefused(f"{not_float[0]} holds {tensors[not_float[0]][1]} values, not floats: it is no weight")
+    if cfg.tie_embeddings and "lm_head.weight" in tensors:
+        head, embeddings = tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]
+        if head[0] != embeddings[0] or not torch.equal(head[2](), embeddings[2]()):
+            raise ImportRefused(
+                "config.json says tie_word_embeddings=true (the LM head is the embedding table), but the weights "
+                "hold an lm_head.weight that differs from it: set tie_word_embeddings to false if the head is its "
+                "own, or remove lm_head.weight"
+            )
     # Tensors that carry nothing: RoPE's frequencies (older Llama files) and a tied head's copy of the embeddings
     ignored = re.compile(r".*rotary_emb\.inv_freq" + (r"|lm_head\.weight" if cfg.tie_embeddings else ""))
     extra = sorted(name for name in tensors if name not in expected and not ignored.fullmatch(name))
     if extra:
         raise ImportRefused(f"{extra[0]} has no equivalent in normlab's {architecture} (config.json does not say why)")
+
+
+def finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, refused when it holds a NaN or an infinity: a model that computes NaN is no model to fine-tune."""
+    if not torch.isfinite(tensor).all():
+        raise ImportRefused(f"{name} holds non-finite values (NaN or infinity): the weights are damaged")
+    return tensor
 
 
 def hydra_value(value) -> str:
@@ -228,9 +316,9 @@ def run_record(overrides: list[str], model: torch.nn.Module, folder: Path, confi
 
 
 def resume_problem(cfg, model_cfg: ModelConfig, tokenizer: Tokenizer) -> str | None:
-    """Why train.py could not resume the run, or None: it builds the model from the config and the tokenizer,
-    whose vocabulary it pads to a multiple of 64, and a checkpoint of another model config is refused."""
-    rebuilt = build_model_config(cfg, tokenizer.get_vocab_size()).to_dict()
+    """Why train.py could not resume the run, or None: it builds the model from the config and the tokenizer (the
+    embedding rows the record's, as padded as the folder's), and a checkpoint of another model config is refused."""
+    rebuilt = build_model_config(cfg, tokenizer.get_vocab_size(), rows=model_cfg.vocab_size).to_dict()
     differs = [key for key, value in model_cfg.to_dict().items() if rebuilt[key] != value]
     if not differs:
         return None
@@ -240,13 +328,35 @@ def resume_problem(cfg, model_cfg: ModelConfig, tokenizer: Tokenizer) -> str | N
     )
 
 
+def check_target(run_dir: Path) -> None:
+    """Refuse a target that is a link (the run would be written wherever it leads) or a folder that holds files;
+    remove what an import killed midway left beside it (``.<name>.importing-<pid>`` of a process that is gone)."""
+    if run_dir.is_symlink():
+        raise ImportRefused(f"{run_dir} is a link to {os.readlink(run_dir)}: import into a new or empty folder")
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ImportRefused(f"{run_dir} already holds files: import into a new or empty folder")
+    for partial in run_dir.parent.glob(f".{glob.escape(run_dir.name)}.importing-*"):
+        pid = partial.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def import_hf(folder: Path, run_dir: Path, seq_len: int | None = None) -> tuple[list[str], str | None]:
     """Write ``folder``'s model as the run directory ``run_dir``. Returns the train.py overrides that resume it,
     and why train.py cannot (None when it can)."""
     config, model_cfg = read_config(folder)
-    tokenizer = read_tokenizer(folder, model_cfg.vocab_size)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise ImportRefused(f"{run_dir} already holds files: import into a new or empty folder")
+    tokenizer = read_tokenizer(folder, model_cfg.vocab_size, config)
+    check_target(run_dir)
     seq_len = seq_len or min(model_cfg.max_seq_len, DEFAULT_SEQ_LEN)
     if not 0 < seq_len <= model_cfg.max_seq_len:
         raise ImportRefused(f"--seq-len {seq_len} must be in [1, {model_cfg.max_seq_len}], the model's context")
@@ -258,8 +368,8 @@ def import_hf(folder: Path, run_dir: Path, seq_len: int | None = None) -> tuple[
     tensors = open_weights(folder)
     check_tensors(tensors, hf_tensor_shapes(shaped), model_cfg, HF_CLASSES[model_type])
     seed_everything(cfg.seed)  # its draws are overwritten, but the RNG state saved is then a fresh run's
-    model = build_model(model_cfg)
-    load_hf_tensors(model, lambda name: tensors[name][1]())
+    model = build_model(model_cfg)  # as large as the tensors just checked: the files' own size bounds it
+    load_hf_tensors(model, lambda name: finite(name, tensors[name][2]()))
     state = {
         "step": 0,
         "rng": rng_states(),
@@ -297,9 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     except NormlabError as err:
         print(f"import_hf: {err}", file=sys.stderr)
         return 1
-    except OSError as err:  # a target that cannot be written: a link, a read-only folder, a full disk
+    except OSError as err:  # a target that cannot be written: a read-only folder, a full disk
         print(f"import_hf: {err.strerror or err}: {err.filename}; nothing was imported", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"import_hf: interrupted (Ctrl-C); nothing was imported into {args.run_dir}", file=sys.stderr)
+        return 130
     print(f"wrote {args.run_dir}: python eval.py checkpoint={shlex.quote(str(args.run_dir))}")
     command = shlex.join(["python", "train.py", f"hydra.run.dir={args.run_dir}", *overrides])
     print(problem or f"fine-tune it from step 0 (other training settings: add resume_with_changes=[...]): {command}")

@@ -255,14 +255,14 @@ def test_what_has_no_equivalent_is_refused_by_name_before_anything_is_written(tm
     assert written == ([] if edit else ["runs/run", "runs/run/notes.txt"])
 
 
-def test_a_target_that_cannot_be_written_is_one_line_and_nothing_is_imported(tmp_path, llama_folder, cli):
-    """A dangling link where the run directory should go: the rename into place fails, and says so."""
+def test_a_target_that_is_a_link_is_refused_in_one_line_and_nothing_is_imported(tmp_path, llama_folder, cli):
+    """A dangling link where the run directory should go: the run would be written wherever it leads."""
     target = tmp_path / "runs" / "run"
     target.parent.mkdir()
     target.symlink_to(tmp_path / "nowhere")
     result = cli(import_hf, llama_folder, target)
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("import_hf: ") and "nothing was imported" in result.stderr
+    assert result.stderr.startswith("import_hf: ") and f"{target} is a link to {tmp_path / 'nowhere'}" in result.stderr
     assert sorted(p.name for p in target.parent.iterdir()) == ["run"] and not (tmp_path / "nowhere").exists()
 
 
