@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional  # noqa: UP035
 
 from hydra.core.config_store import ConfigStore
@@ -356,12 +357,28 @@ class ConfigCheck(Callback):
     """Runs check_config before Hydra makes the run's folder (hydra.callbacks in configs/config.yaml): a refused
     command then leaves no folder, and a run_name that is no folder name is refused before Hydra would make the
     folders of ../x outside runs/, or fail with a traceback on a name past 255 bytes. The refusal is train.py's: one
-    logged line, and exit 1. (A sweep's jobs are checked by train.py, each in the folder Hydra made for it.)"""
+    logged line, and exit 1. A sweep's run names are checked before Hydra makes any job's folder (each value of a
+    swept run_name, else the one name); the rest of each job's config is checked by train.py, in its folder."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         HydraConfig.instance().set_config(config)  # as Hydra's job does next: run_name's ${overrides_tag:} reads it
+        self._refuse_unless(lambda: check_config(config, config.hydra.runtime.choices), config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        overrides = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+        swept = [o for o in overrides if o.key_or_group == "run_name" and o.is_sweep_override()]
+        names = [str(name) for o in swept for name in o.sweep_string_iterator()]
+        if not swept:
+            HydraConfig.instance().set_config(config)
+            names = [config.run_name]
+        self._refuse_unless(lambda: [check_run_name(name) for name in names], config)
+
+    @staticmethod
+    def _refuse_unless(check: Callable[[], Any], config: DictConfig) -> None:
         try:
-            check_config(config, config.hydra.runtime.choices)
+            check()
         except ConfigError as err:
             configure_log(config.hydra.job_logging)
             logging.getLogger("normlab.train").error("%s", err)
@@ -371,9 +388,11 @@ class ConfigCheck(Callback):
 VOCAB_MULTIPLE = 64  # embedding rows are padded to a multiple of this for faster matmuls
 
 
-def build_model_config(cfg, vocab_size: int) -> ModelConfig:
+def build_model_config(cfg, vocab_size: int, rows: int | None = None) -> ModelConfig:
     """The model config that a composed run config (and a tokenizer's vocabulary size) describe: each field read
-    from the key it declares."""
+    from the key it declares. The embedding table has the vocabulary's rows rounded up to a multiple of 64, or
+    ``rows`` where that is more: a checkpoint padded further (Qwen3's 151,936 rows for 151,669 tokens) keeps its
+    table when a run starts from it or resumes it."""
     values = {}
     for f in dataclasses.fields(ModelConfig):
         value = OmegaConf.select(cfg, config_key(f)) if f.name not in _STRUCTURED else None
@@ -382,8 +401,22 @@ def build_model_config(cfg, vocab_size: int) -> ModelConfig:
         values[f.name] = plain(value)
     norm = OmegaConf.to_object(cfg.norm)
     values.update(norm=norm.name, norm_options=norm.options(), norm_role_options=role_options(norm.roles))
-    values["vocab_size"] = VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE)
+    values["vocab_size"] = max(VOCAB_MULTIPLE * math.ceil(vocab_size / VOCAB_MULTIPLE), rows or 0)
     return ModelConfig(**values)
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def default_config() -> DictConfig:
+    """The config train.py composes from no override (inside a Hydra app, from the app's own config folder)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("config")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config")
 
 
 # The labelled fields beside ModelConfig's (training/variant.py): the norm's options and the train group's.

@@ -1,89 +1,207 @@
 """``train.init_from``: a new run that starts from another run's weights (any normlab run, or an imported model).
 
-It fine-tunes on any corpus with the source's tokenizer, and it is how a trained model's norm is swapped: weights
-whose name and shape match load, the rest (a LayerNorm's bias, say) start as a fresh run of this seed would, and
-the run's record lists both. Only step 0 is seeded: a run that already has a checkpoint resumes from its own, and
-the optimizer, the schedule, the RNG and the data order are the run's own, as for any new run.
+It fine-tunes the source as ``from_pretrained`` would: the model's architecture (its shape, head layout, RoPE,
+norms and placement), the tokenizer and the source's ``train.seq_len`` are the source's, except where the user
+sets a key (``user_keys``: named on the command line, or composed to another value than the default config's).
+The run's record names each value that came from the source (``runtime.init_from.architecture``), and a resume
+takes them from there, so the source is read once. Swapping the norm or the placement is such a setting: tensors
+whose name and shape match load, the rest (a LayerNorm's bias) start as a fresh run of this seed would, and the
+record lists both.
+
+What would load the same shapes into another function is refused before any data is read: another head layout
+(4 heads of 16 features and 8 of 8 have the same matrices), head size, RoPE theta or scaling. Another context
+is allowed and named. Only step 0 is seeded: the optimizer, the schedule, the RNG and the data order are the
+run's own, as for any new run, and a restart before the run's first checkpoint reads the very checkpoint its
+record names, not the source's newest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
+from model import ModelConfig, build_model
+from model.config import config_key
+from model.from_state import model_config_of
 from training.checkpoint import CheckpointError, list_checkpoints
-from training.config import ConfigError
+from training.config import ConfigError, NormOptions, build_model_config, default_config, plain
+from training.run_record import find_record
 from training.sharded_checkpoint import read_checkpoint
 from training.tokenizer import get_tokenizer, read_tokenizer_file
 
 log = logging.getLogger("normlab.train")
-SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_size", "mlp_hidden", "tie_embeddings")
+# Fields a difference in which makes the same shapes compute another function.
+SAME_FUNCTION = ("n_heads", "n_kv_heads", "head_dim", "rope_theta", "rope_scaling")
+NORM_OPTIONS = tuple(f"norm.{f.name}" for f in dataclasses.fields(NormOptions))
+# Each ModelConfig field's config key, the norm's options one key each; the embedding rows are the run's own
+# (its tokenizer's, which is the source's).
+ARCHITECTURE_KEYS = tuple(
+    key
+    for f in dataclasses.fields(ModelConfig)
+    if f.name != "vocab_size"
+    for key in (NORM_OPTIONS if f.name == "norm_options" else [config_key(f)])
+)
+TRAINING_KEYS = ("train.seq_len",)  # an imported model's context can be far longer than one trains at
 
 
 @dataclass
 class Source:
-    """The checkpoint a new run starts from; ``state`` is None when the run resumes from its own checkpoint."""
+    """The checkpoint a new run starts from: where it is, its tokenizer, the config values the run takes from it
+    (key -> value), and its model config and weights (None when the run resumes from its own checkpoint)."""
 
     path: Path
     tokenizer: Tokenizer
-    state: dict[str, Any] | None
+    architecture: dict[str, Any]
+    model_config: dict[str, Any] | None = None
+    state: dict[str, Any] | None = None
 
 
-def read_source(cfg, run_dir: Path) -> Source:
-    """The source's tokenizer, which the data must be tokenized with, and its weights unless ``run_dir`` already has
-    a checkpoint (then the tokenizer is the run's own, written at its start, and the source is not read)."""
+def user_keys(cfg: DictConfig, overrides: list[str]) -> set[str]:
+    """The architecture and training keys the user set: named in ``overrides`` (the command line's; choosing a
+    model group names all its keys), or composed to another value than the default config's (a norm group's
+    options, an experiment's settings)."""
+    named = set()
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key == "model":  # a preset: its shape
+            named |= {k for k in ARCHITECTURE_KEYS if k.startswith("model.")}
+        elif key == "norm":  # a norm type: its name, and the options its group sets (they differ from the default's)
+            named.add("norm.name")
+        elif key.startswith(("model.", "norm.", "train.")):
+            named.add(key)
+    defaults = default_config()
+    for key in (*ARCHITECTURE_KEYS, *TRAINING_KEYS):
+        if key in named or any(key.startswith(k + ".") or k.startswith(key + ".") for k in named):
+            named.add(key)
+        elif OmegaConf.select(cfg, key) != OmegaConf.select(defaults, key):
+            named.add(key)
+    return named & {*ARCHITECTURE_KEYS, *TRAINING_KEYS}
+
+
+def read_source(cfg: DictConfig, run_dir: Path, keys_set: set[str]) -> Source:
+    """The source of ``cfg.train.init_from`` for the run in ``run_dir``. A run that has a checkpoint resumes from
+    it: its tokenizer is its own and its architecture what its record says came from the source (the source is
+    not read). Otherwise the checkpoint the record names (a restart) or the source's newest readable one is read,
+    and the run takes every value that ``keys_set`` does not name."""
+    found = find_record(run_dir)
+    recorded = ((found[0].get("runtime") or {}).get("init_from") or {}) if found else {}
     own = Path(run_dir) / "tokenizer.json"
     if list_checkpoints(run_dir) and own.is_file():
-        return Source(own, read_tokenizer_file(own, "the run", "restore the tokenizer.json it was trained with"), None)
-    if not Path(cfg.train.init_from).exists():
+        tokenizer = read_tokenizer_file(own, "the run", "restore the tokenizer.json it was trained with")
+        return Source(own, tokenizer, recorded.get("architecture") or {})
+    where = recorded.get("source") or cfg.train.init_from
+    if not Path(where).exists():
+        restart = f" (its record says the run started from {where})" if recorded.get("source") else ""
         raise CheckpointError(
-            f"train.init_from={cfg.train.init_from}: no such run directory or checkpoint; give a run directory of "
-            "train.py or scripts/import_hf.py, or one of its checkpoints"
+            f"train.init_from={cfg.train.init_from}: no such run directory or checkpoint{restart}; give a run "
+            "directory of train.py or scripts/import_hf.py, or one of its checkpoints"
         )
-    path, state = read_checkpoint(cfg.train.init_from)
-    tokenizer = Tokenizer.from_str(state["tokenizer"])
+    path, state = read_checkpoint(where)
+    try:
+        tokenizer = Tokenizer.from_str(state["tokenizer"])
+    except Exception as err:
+        raise CheckpointError(
+            f"train.init_from={path} carries a tokenizer that cannot be read ({' '.join(str(err).split())[:120]})"
+        ) from None
     if cfg.data.tokenizer != "bpe" and get_tokenizer(cfg.data, None, None).to_str() != state["tokenizer"]:
         raise ConfigError(
             f"data.tokenizer={cfg.data.tokenizer} is not the tokenizer of train.init_from={cfg.train.init_from}, "
             "whose embeddings are its tokens': leave data.tokenizer unset (the source's is used)"
         )
-    return Source(path, tokenizer, state)
+    try:  # fields added since the source was written count at their defaults, which is what its code did
+        saved = model_config_of({**ModelConfig().to_dict(), **state["model_config"]}, str(path)).to_dict()
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    taken = architecture(saved, state.get("config") or {}, keys_set)
+    return Source(path, tokenizer, taken, saved, state)
+
+
+def architecture(saved: dict[str, Any], run_config: dict, keys_set: set[str]) -> dict[str, Any]:
+    """The config values a run takes from a source whose model config is ``saved`` and whose record is
+    ``run_config``: every key that ``keys_set`` does not name; the norm's options and per-role options only
+    where the norm type is the source's (another type has options of its own)."""
+    values = {config_key(f): saved[f.name] for f in dataclasses.fields(ModelConfig) if f.name != "norm_options"}
+    values |= {key: saved["norm_options"].get(key.removeprefix("norm.")) for key in NORM_OPTIONS}
+    values |= {key: (run_config.get("train") or {}).get(key.removeprefix("train.")) for key in TRAINING_KEYS}
+    theirs = "norm.name" not in keys_set
+    return {
+        key: plain(value)
+        for key, value in values.items()
+        if key in (*ARCHITECTURE_KEYS, *TRAINING_KEYS)
+        and key not in keys_set
+        and (theirs or not (key in NORM_OPTIONS or key == "norm.roles"))
+    }
+
+
+def adopt(cfg: DictConfig, source: Source) -> None:
+    """Set the values the run takes from its source in ``cfg`` (a mapping merged into its node, whose other keys
+    are at their defaults: the user set none of them)."""
+    for key, value in source.architecture.items():
+        OmegaConf.update(cfg, key, value, merge=isinstance(value, dict))
+
+
+def check_same_function(cfg: DictConfig, source: Source) -> None:
+    """Refuse, before any data is read, a model that none of the source's tensors fits, and one into whose
+    attention the source's tensors would load with another head layout or RoPE (the same shapes, another
+    function)."""
+    theirs = dict(source.model_config)
+    ours = build_model_config(cfg, source.tokenizer.get_vocab_size(), rows=theirs["vocab_size"])
+    with torch.device("meta"):
+        shapes = {name: tuple(t.shape) for name, t in build_model(ours).state_dict().items()}
+    fits = [name for name, tensor in source.state["model"].items() if shapes.get(name) == tuple(tensor.shape)]
+    if not fits:
+        settings = " ".join(f"model.{k}={theirs[k]}" for k in ("d_model", "n_layers", "mlp_hidden"))
+        raise ConfigError(
+            f"train.init_from={source.path}: none of its tensors fits this model (another size); leave the model's "
+            f"size unset to take the source's ({settings})"
+        )
+    if not any(".attn." in name for name in fits):
+        return
+    for name in SAME_FUNCTION:
+        mine, its = getattr(ours, name), getattr(ModelConfig(**theirs), name)
+        if mine != its:
+            key = "model.head_size" if name == "head_dim" else f"model.{name}"
+            raise ConfigError(
+                f"{key}={mine} where train.init_from={source.path} has {its}: its attention tensors would load into "
+                f"another {'RoPE' if 'rope' in name else 'head layout'} (the same shapes, another function); leave "
+                f"{key} unset to fine-tune the source's"
+            )
 
 
 def load_weights(model, source: Source) -> dict[str, Any]:
     """Copy the source's tensors whose name and shape match into ``model`` (the rest keep their fresh draws) and
-    return what the run's record says of it: the source, its step, how many loaded, which are new and unused."""
+    return what the run's record says of it: the checkpoint read, its step, the values taken from it, and which
+    tensors loaded, which are new and which of the source's went unused."""
     state, ours = source.state, model.state_dict()
-    theirs, their_model = state["model"], state["model_config"]
-    if their_model["vocab_size"] != model.cfg.vocab_size:
-        raise ConfigError(
-            f"train.init_from={source.path} has {their_model['vocab_size']} embedding rows but this run's tokenizer "
-            f"gives {model.cfg.vocab_size} (its size rounded up to a multiple of 64): leave data.tokenizer unset so "
-            "that the source's is used; a source whose table is padded further (Qwen3's) cannot be fine-tuned here"
-        )
+    theirs = state["model"]
     matched = {name: tensor for name, tensor in theirs.items() if name in ours and ours[name].shape == tensor.shape}
-    if not matched:
-        settings = " ".join(f"model.{key}={their_model[key]}" for key in SHAPE_KEYS if key in their_model)
-        raise ConfigError(
-            f"train.init_from={source.path}: none of its tensors fits this model (another size); build the "
-            f"source's: {settings}"
-        )
     model.load_state_dict(matched, strict=False)
     record = {
         "source": str(source.path),
         "step": state["step"],
+        "architecture": source.architecture,
         "loaded": len(matched),
         "new": sorted(name for name in ours if name not in matched),
         "unused": sorted(name for name in theirs if name not in matched),
     }
+    context = source.model_config["max_seq_len"]
+    if model.cfg.max_seq_len != context:
+        record["context"] = {"source": context, "run": model.cfg.max_seq_len}
+        log.warning("the source was trained for %d positions, this run's model.max_seq_len is %d", context,
+                    model.cfg.max_seq_len)  # fmt: skip
     log.info(
-        "initialized from %s (step %d): %d tensors loaded, %d new %s, %d of the source's unused",
+        "initialized from %s (step %d): %d values of its config taken, %d tensors loaded, %d new %s, %d of the "
+        "source's unused",
         source.path,
         state["step"],
+        len(source.architecture),
         record["loaded"],
         len(record["new"]),
         record["new"][:4],

@@ -30,7 +30,7 @@ from training.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from training.config import Config, ConfigError, build_model_config
+from training.config import Config, ConfigError, build_model_config, check_config
 from training.cpu_threads import use_thread_share
 from training.data import Data, build_data
 from training.distributed import Distributed
@@ -89,6 +89,7 @@ class TrainingRun:
     loggers: Loggers
     meter: ThroughputMeter
     nonfinite: NonFinitePolicy
+    unreadable: set[Path]  # checkpoints the resume passed over: pruning keeps train.keep_checkpoints readable ones
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -112,9 +113,9 @@ class TrainingRun:
         if self.sharded:  # each process writes its shards
             from training.sharded_checkpoint import save_sharded
 
-            return save_sharded(self.run_dir, state, self.model, self.optimizer, keep, self.dist)
+            return save_sharded(self.run_dir, state, self.model, self.optimizer, keep, self.dist, self.unreadable)
         state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-        return save_checkpoint(self.run_dir, state, keep)
+        return save_checkpoint(self.run_dir, state, keep, self.unreadable)
 
 
 def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -> RunSettings:
@@ -154,6 +155,13 @@ def check_run_identity(cfg: DictConfig, run_dir: Path, settings: RunSettings) ->
     return check_resume(run_dir, config, schema_defaults, list(cfg.resume_with_changes))
 
 
+def command_line_overrides() -> list[str]:
+    """This Hydra job's overrides from the command line (none outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def configure_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -174,25 +182,38 @@ def load_data(cfg: DictConfig, settings: RunSettings, dist: Distributed, tokeniz
     return data
 
 
-def seeded_model(cfg: DictConfig, data: Data, device: torch.device) -> tuple[Transformer, ModelConfig]:
-    """The model, drawn from the run's seed: runs of one seed start from the same weights whatever the norm."""
+def seeded_model(
+    cfg: DictConfig, data: Data, device: torch.device, rows: int | None
+) -> tuple[Transformer, ModelConfig]:
+    """The model, drawn from the run's seed: runs of one seed start from the same weights whatever the norm.
+    ``rows``: the embedding rows of the checkpoint it resumes or starts from (build_model_config)."""
     seed_everything(cfg.seed)
     try:
-        model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size())
+        model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size(), rows)
         model = build_model(model_cfg).to("cpu" if cfg.train.parallel == "fsdp" else device)  # FSDP moves shards
     except ValueError as err:  # a bad model shape or norm option
         raise ConfigError(f"model/norm config: {err}") from err
     return model, model_cfg
 
 
-def restore(run_dir: Path, model, optimizer, model_cfg: ModelConfig, data: Data, cfg: DictConfig, dist: Distributed):
-    """Load the newest checkpoint of ``run_dir`` into model and optimizer, if there is one.
+def restore(
+    run_dir: Path,
+    model,
+    optimizer,
+    model_cfg: ModelConfig,
+    data: Data,
+    cfg: DictConfig,
+    dist: Distributed,
+    unreadable: set[Path],
+):
+    """Load the newest readable checkpoint of ``run_dir`` into model and optimizer, if there is one (those passed
+    over are added to ``unreadable``).
 
     Returns (start step, checkpoint path or None, training seconds before this process).
     """
     if dist.is_main:
         remove_partial_checkpoints(run_dir)
-    found = load_newest_readable(run_dir, map_location=next(model.parameters()).device)
+    found = load_newest_readable(run_dir, next(model.parameters()).device, unreadable)
     if found is None:
         return 0, None, 0.0
     source, state = found
@@ -248,6 +269,14 @@ def runtime_record(
 
 def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distributed) -> TrainingRun | None:
     """The run ``cfg`` describes in ``run_dir``, resumed where it stopped; None when nothing is left to train."""
+    source = init_record = None
+    if cfg.train.init_from:  # a new run with another's architecture, weights and tokenizer (training/init_from.py)
+        from training import init_from
+
+        source = init_from.read_source(cfg, run_dir, init_from.user_keys(cfg, command_line_overrides()))
+        OmegaConf.update(cfg, "run_name", cfg.run_name)  # the name it was given, before its label changes
+        init_from.adopt(cfg, source)
+        check_config(cfg)  # the source's values beside the user's
     settings = resolve_settings(cfg, dist, device)
     configure_device(device)
     resume_entry = check_run_identity(cfg, run_dir, settings)
@@ -260,17 +289,19 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
         logged = max((row["step"] for row in rows), default=0)
         tcfg = cfg.train
         check_reachable(run_dir, logged, min(tcfg.checkpoint_every, tcfg.max_steps), tcfg.max_steps)
-    source = init_record = None
-    if cfg.train.init_from:  # a new run from another's weights, on its tokenizer (training/init_from.py)
-        from training.init_from import load_weights, read_source
-
-        source = read_source(cfg, run_dir)
+    if source is not None and source.state is not None:  # before any data is read
+        init_from.check_same_function(cfg, source)
     data = load_data(cfg, settings, dist, source and source.tokenizer)
     if resume_entry is not None:
         check_same_data(resume_entry, data.fingerprint, run_dir)
-    model, model_cfg = seeded_model(cfg, data, device)
+    rows = None  # the embedding rows of the run it resumes, or of the checkpoint it starts from
+    if resume_entry is not None:
+        rows = resume_entry["vocab_size"]
+    elif source is not None and source.model_config is not None:
+        rows = source.model_config["vocab_size"]
+    model, model_cfg = seeded_model(cfg, data, device, rows)
     if source is not None and source.state is not None:  # before the hooks, which may set the model up
-        init_record = load_weights(model, source)
+        init_record = init_from.load_weights(model, source)
         source = None  # the source's tensors are freed
     hooks = post_step_hooks(model, cfg.train, dist)  # before compiling and sharding: a hook may set the model up
     use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
@@ -283,7 +314,10 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
         if dist.enabled:
             train_model = DDP(compiled, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = build_optimizer(model, cfg.train, device)  # on the shards, under FSDP
-    start_step, resumed_from, elapsed_before = restore(run_dir, model, optimizer, model_cfg, data, cfg, dist)
+    unreadable: set[Path] = set()
+    start_step, resumed_from, elapsed_before = restore(
+        run_dir, model, optimizer, model_cfg, data, cfg, dist, unreadable
+    )
     if resumed_from and start_step >= cfg.train.max_steps:
         log.info("%s finished at step %d: nothing to train (a rerun of a sweep skips it)", run_dir, start_step)
         return None
@@ -319,6 +353,7 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
         loggers=loggers,
         meter=ThroughputMeter(runtime["flops_per_token"], peak.flops * dist.world_size, cfg.train.perf_warmup_steps),
         nonfinite=NonFinitePolicy(cfg.train.nan_policy, cfg.train.max_skipped_steps),
+        unreadable=unreadable,
     )
 
 
