@@ -757,6 +757,21 @@ def status_line(record: dict) -> str:
     return f"{record['name']}: {record['status']} in {record['seconds']:.0f} s" + (f": {why}" if why else "")
 
 
+def arguments_refusal(budget_s: float, out: Path) -> str | None:
+    """Why the command line cannot work, in one line, or None: a budget that is not a positive number of seconds,
+    an output folder that is a file, a link or not writable."""
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        return f"--budget-s {budget_s} is not a number of seconds > 0: give the time all stages may take, e.g. 480"
+    if out.is_symlink():
+        return f"--out {out} is a link to {os.readlink(out)}: give the folder itself"
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a folder: give a folder for the JSON and the table"
+    existing = next(parent for parent in (out, *out.parents) if parent.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {out}: {existing} is not writable: give a folder this user can write"
+    return None
+
+
 def _terminated(signum, frame):
     sys.exit(128 + signum)  # unwinds like an exception, so that run_at_once stops the processes it started
 
@@ -776,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    out = args.out or ROOT / ("bench_out/gpu_check" if args.dry_run else "docs/benchmarks/gpu")
+    refusal = arguments_refusal(args.budget_s, out)
+    if refusal:  # before the first stage: a lent GPU's minutes are the scarcest thing this command spends
+        print(f"gpu_check: {refusal}", file=sys.stderr)
+        return 2
     if args.dry_run:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run, for this process and what it starts, even beside a GPU
         os.environ["TRITON_INTERPRET"] = "1"  # read when the fused kernel loads: Triton's interpreter on CPU tensors
@@ -791,7 +811,6 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
     overrides = [*(DRY_RECIPE if args.dry_run else RECIPE), *args.overrides]
     report = {"meta": environment(device, args, argv), "stages": []}
-    out = args.out or ROOT / ("bench_out/gpu_check" if args.dry_run else "docs/benchmarks/gpu")
     out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", report["meta"]["device"].lower()).strip("-")
     json_path = out / f"{slug}-{report['meta']['date'][:10]}.json"

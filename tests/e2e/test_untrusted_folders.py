@@ -426,3 +426,25 @@ def test_a_checkpoint_whose_tokenizer_is_damaged_is_one_line_under_eval(tmp_path
 def test_the_import_record_says_what_it_read(imported, llama):
     record = yaml.safe_load((imported / "config.yaml").read_text())
     assert record["runtime"]["imported_from"]["folder"] == str(llama.resolve())
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        (["--budget-s", "0"], "--budget-s 0.0 is not a number of seconds > 0"),
+        (["--budget-s", "-60"], "--budget-s -60.0 is not a number of seconds > 0"),
+        (["--budget-s", "inf"], "--budget-s inf is not a number of seconds > 0"),
+        (["--out", "{file}"], "is a file, not a folder"),
+        (["--out", "{link}"], "is a link to"),
+    ],
+)
+def test_the_gpu_command_refuses_what_cannot_work_before_its_first_stage(tmp_path, capsys, arguments, named):
+    import gpu_check
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    given = [a.format(file=tmp_path / "file", link=tmp_path / "link") for a in arguments]
+    assert gpu_check.main(["--dry-run", *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("gpu_check: ") and named in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]
