@@ -1,26 +1,30 @@
 """Triton kernels for RMSNorm, partial RMSNorm and the fused residual add.
 
-Forward, rows that fit one block (D <= 8192): each program normalizes a tile of ROWS rows x
-BLOCK features at once. Small rows (QK-norm's head_dim of 32-128, a CPU-sized model's 192)
-get many rows per program, so a program's threads are not mostly idle; large rows get one.
-The statistic (mean of squares over the first K features, in float32) and the output come
-from one read of the tile. Longer rows: one program per row, in two loops over column
-blocks, so there is no cap on the hidden size. The per-row reciprocal RMS is saved.
+Forward (``rms_norm_fwd_kernel``): each program normalizes a tile of ROWS rows x BLOCK features
+from one read of the tile: the statistic (mean of squares over the first K features, in
+float32), then the output. Short rows (QK-norm's head_dim of 64-128) share a program, so its
+threads are not mostly idle; rows of 8,192 or more get one each. The per-row reciprocal RMS is
+saved for the backward.
 
-Backward: each program owns a contiguous range of rows and accumulates its share of the
-weight gradient in float32, which the caller reduces across programs. Rows that fit one
-block are processed ROWS at a time as tiles. Longer rows take two phases: first each row's
-``sum(g * x)`` (stored per row in DOT), then, column block by column block, dx for every row
-of the range while that block's weight gradient accumulates in registers and is written
-once, instead of being read and written back for every row. With a partial statistic
-(K < N) the gradient of the statistic only flows into the first K features:
+Backward (``rms_norm_bwd_kernel``): a persistent grid, one wave of programs, each taking every
+``programs``-th tile of rows. The row loop is software-pipelined (``tl.range(num_stages=...)``),
+so the next tiles' x and dy are already on their way (cp.async on sm_80+) while this one is
+computed. Each tile is read once and dx written once: 3 passes over memory. The weight
+gradient accumulates in a ROWS x BLOCK float32 tile, reduced over its rows once after the loop
+(a reduction across rows inside the loop would cost barriers every iteration); each program
+writes one row of partial sums, and ``sum_partials_kernel`` adds them up in float32 and rounds
+once to the weight's dtype. With a partial statistic (K < N) the statistic's gradient only flows
+into the first K features:
 
     dx_j = rstd * g_j - [j < K] * x_j * rstd**3 * sum_i(g_i * x_i) / K,   g = dy * w
 
+Rows longer than one block (past 16,384 features) take ``rms_norm_fwd_looping_kernel`` and
+``rms_norm_bwd_looping_kernel``, which loop over column blocks: no cap on the hidden size, at
+the price of reading each row twice.
+
 The gain is a compile-time choice, GAIN: 0 applies w, 1 applies 1 + w (zero-centred, the
-addition in float32, so a small w is not lost to a half-precision rounding), 2 applies
-none. With one_plus the weight gradient is unchanged (d(1 + w)/dw = 1); with none there is
-none.
+addition in float32, so a small w is not lost to a half-precision rounding), 2 applies none.
+With one_plus the weight gradient is unchanged (d(1 + w)/dw = 1); with none there is none.
 
 Row offsets are 64-bit, so tensors past 2**31 elements index correctly.
 """
@@ -73,6 +77,14 @@ def _output(Y, W, cols, N, x, rstd, CAST_BEFORE_WEIGHT: tl.constexpr, GAIN: tl.c
 
 
 @triton.jit
+def _store_dx(DX, DS, cols, mask, dx, HAS_DRESIDUAL: tl.constexpr):
+    """Write dx, plus the gradient arriving through the residual sum's own output when fused."""
+    if HAS_DRESIDUAL:
+        dx += _load_f32(DS, cols, mask)
+    tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def rms_norm_fwd_kernel(
     X,
     R,
@@ -93,56 +105,209 @@ def rms_norm_fwd_kernel(
     GAIN: tl.constexpr,
     BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
-    SINGLE_BLOCK: tl.constexpr,
+    PARTIAL: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    if SINGLE_BLOCK:  # a tile of ROWS rows, each in one block
-        rows = pid * ROWS + tl.arange(0, ROWS)
-        tile = (rows < M)[:, None] & (cols < N)[None, :]
-        x = _load_input(
-            X + rows[:, None] * stride_x,
-            R + rows[:, None] * stride_r,
-            S + rows[:, None] * stride_s,
-            cols[None, :],
-            tile,
-            HAS_RESIDUAL,
-            True,
-        )
-        rstd = 1.0 / tl.sqrt(tl.sum(tl.where(cols[None, :] < K, x * x, 0.0), axis=1) / K + eps)
-        y = _output(Y, W, cols[None, :], N, x, rstd[:, None], CAST_BEFORE_WEIGHT, GAIN)
-        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=tile)
-        tl.store(RSTD + rows, rstd, mask=rows < M)
-    else:  # one long row, in column blocks
-        X += pid * stride_x
-        Y += pid * stride_y
-        if HAS_RESIDUAL:
-            R += pid * stride_r
-            S += pid * stride_s
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, K, BLOCK):
-            c = start + cols
-            x = _load_input(X, R, S, c, c < K, HAS_RESIDUAL, False)
-            acc += x * x
-        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
-        for start in range(0, N, BLOCK):
-            c = start + cols
-            x = _load_input(X, R, S, c, c < N, HAS_RESIDUAL, True)
-            y = _output(Y, W, c, N, x, rstd, CAST_BEFORE_WEIGHT, GAIN)
-            tl.store(Y + c, y.to(Y.dtype.element_ty), mask=c < N)
-        tl.store(RSTD + pid, rstd)
-
-
-@triton.jit
-def _store_dx(DX, DS, cols, mask, dx, HAS_DRESIDUAL: tl.constexpr):
-    """Write dx, plus the gradient arriving through the residual sum's own output when fused."""
-    if HAS_DRESIDUAL:
-        dx += _load_f32(DS, cols, mask)
-    tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    # Column indices in the tile's own shape, so that the gain is loaded in the layout x has (a
+    # [1, BLOCK] load gets one of its own, and converting it costs shared memory and barriers).
+    cols = tl.broadcast_to(tl.arange(0, BLOCK)[None, :], (ROWS, BLOCK))
+    tile = (rows < M)[:, None] & (cols < N)
+    x = _load_input(
+        X + rows[:, None] * stride_x,
+        R + rows[:, None] * stride_r,
+        S + rows[:, None] * stride_s,
+        cols,
+        tile,
+        HAS_RESIDUAL,
+        True,
+    )
+    squares = tl.where(cols < K, x * x, 0.0) if PARTIAL else x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+    y = _output(Y, W, cols, N, x, rstd[:, None], CAST_BEFORE_WEIGHT, GAIN)
+    tl.store(Y + rows[:, None] * stride_y + cols, y.to(Y.dtype.element_ty), mask=tile)
+    tl.store(RSTD + rows, rstd, mask=rows < M)
 
 
 @triton.jit
 def rms_norm_bwd_kernel(
+    DY,
+    X,
+    W,
+    RSTD,
+    DS,
+    DX,
+    DW_PARTIAL,
+    stride_dy,
+    stride_x,
+    stride_ds,
+    stride_dx,
+    M,
+    N,
+    K,
+    HAS_DRESIDUAL: tl.constexpr,
+    GAIN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    in_row = (cols < N)[None, :]
+    in_prefix = (cols < K)[None, :]  # only read when PARTIAL
+    # The gain in the tile's own layout, loaded once: a [1, BLOCK] load would get a layout of its own, and
+    # converting it costs shared memory and barriers every iteration.
+    w = _load_gain(W, tl.broadcast_to(cols[None, :], (ROWS, BLOCK)), tl.broadcast_to(in_row, (ROWS, BLOCK)), GAIN)
+    dw = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # tile * ROWS < M fits int32; offsets need 64 bits
+        mask = (rows < M)[:, None] & in_row
+        x = _load_f32(X + rows[:, None] * stride_x, cols[None, :], mask)
+        dy = _load_f32(DY + rows[:, None] * stride_dy, cols[None, :], mask)
+        rstd = tl.load(RSTD + rows, mask=rows < M, other=0.0)[:, None]
+        x_hat = x * rstd
+        dw += dy * x_hat  # before the row sum: dy is then dead, and fewer values are live across it
+        g = dy * w
+        dx = rstd * g
+        if HAS_DRESIDUAL:  # read before the row sum, so that its buffer needs no barrier of its own
+            dx += _load_f32(DS + rows[:, None] * stride_ds, cols[None, :], mask)
+        dot = tl.sum(g * x_hat, axis=1)[:, None] / K
+        if PARTIAL:
+            x_hat = tl.where(in_prefix, x_hat, 0.0)
+        dx -= rstd * dot * x_hat
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    if GAIN != 2:
+        tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dw, axis=0), mask=cols < N)
+
+
+@triton.jit
+def _half_row_products(X, DY, W, rows, cols, stride_x, stride_dy, N, GAIN: tl.constexpr):
+    """dy * gain * x over one half of a row, to be summed with the other half's."""
+    mask = cols < N
+    x = _load_f32(X + rows * stride_x, cols, mask)
+    dy = _load_f32(DY + rows * stride_dy, cols, mask)
+    return dy * _load_gain(W, cols, mask, GAIN) * x
+
+
+@triton.jit
+def _half_row_gradient(X, DY, W, DS, DX, rows, cols, strides, N, K, rstd, coef, GAIN: tl.constexpr,
+                       HAS_DRESIDUAL: tl.constexpr, PARTIAL: tl.constexpr):  # fmt: skip
+    """dx over one half of a row, read again (from L1, where the row sum just brought it: the ".ca" loads are
+    other loads than the row sum's, so they are not merged with them); returns the half's dy * x_hat."""
+    stride_x, stride_dy, stride_ds, stride_dx = strides
+    mask = cols < N
+    x_hat = tl.load(X + rows * stride_x + cols, mask=mask, other=0.0, cache_modifier=".ca").to(tl.float32) * rstd
+    dy = tl.load(DY + rows * stride_dy + cols, mask=mask, other=0.0, cache_modifier=".ca").to(tl.float32)
+    dx = rstd * dy * _load_gain(W, cols, mask, GAIN)
+    if HAS_DRESIDUAL:
+        dx += _load_f32(DS + rows * stride_ds, cols, mask)
+    dx -= coef * (tl.where(cols < K, x_hat, 0.0) if PARTIAL else x_hat)
+    tl.store(DX + rows * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    return dy * x_hat
+
+
+@triton.jit
+def rms_norm_bwd_wide_kernel(
+    DY,
+    X,
+    W,
+    RSTD,
+    DS,
+    DX,
+    DW_PARTIAL,
+    stride_dy,
+    stride_x,
+    stride_ds,
+    stride_dx,
+    M,
+    N,
+    K,
+    HAS_DRESIDUAL: tl.constexpr,
+    GAIN: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    """The backward of the widest single block (32 KB a row): rows one at a time, each in two passes over its
+    two halves. The first pass only sums g * x over the row; the second reads the row again, from L1, for dx
+    and the weight gradient. A thread then holds the weight-gradient accumulator and one half's values, which
+    fits its registers; DRAM traffic stays three passes."""
+    pid = tl.program_id(0)
+    lo = tl.arange(0, HALF)[None, :]
+    hi = lo + HALF
+    strides = (stride_x, stride_dy, stride_ds, stride_dx)
+    dw_lo = tl.zeros([1, HALF], dtype=tl.float32)
+    dw_hi = tl.zeros([1, HALF], dtype=tl.float32)
+    for row in tl.range(pid, M, tl.num_programs(0)):
+        rows = (row + tl.arange(0, 1)).to(tl.int64)[:, None]  # a [1, 1] tile: 64-bit row offsets
+        rstd = tl.load(RSTD + rows)
+        products = _half_row_products(X, DY, W, rows, lo, stride_x, stride_dy, N, GAIN)
+        products += _half_row_products(X, DY, W, rows, hi, stride_x, stride_dy, N, GAIN)
+        coef = (
+            rstd * rstd * tl.sum(products, axis=1)[:, None] / K
+        )  # one reduction for both halves; x_hat takes the third rstd
+        dw_lo += _half_row_gradient(X, DY, W, DS, DX, rows, lo, strides, N, K, rstd, coef, GAIN, HAS_DRESIDUAL, PARTIAL)
+        dw_hi += _half_row_gradient(X, DY, W, DS, DX, rows, hi, strides, N, K, rstd, coef, GAIN, HAS_DRESIDUAL, PARTIAL)
+    if GAIN != 2:
+        tl.store(DW_PARTIAL + pid * N + lo, dw_lo, mask=lo < N)
+        tl.store(DW_PARTIAL + pid * N + hi, dw_hi, mask=hi < N)
+
+
+@triton.jit
+def sum_partials_kernel(PARTIAL, DW, programs, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """DW[j] = sum over programs of PARTIAL[p, j], added in float32 and rounded once to DW's dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for start in range(0, programs, BLOCK_P):
+        p = start + tl.arange(0, BLOCK_P)
+        acc += tl.load(PARTIAL + p[:, None] * N + cols[None, :], mask=(p < programs)[:, None] & (cols < N)[None, :])
+    tl.store(DW + cols, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def rms_norm_fwd_looping_kernel(
+    X,
+    R,
+    W,
+    Y,
+    S,
+    RSTD,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_s,
+    M,
+    N,
+    K,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    CAST_BEFORE_WEIGHT: tl.constexpr,
+    GAIN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One long row per program, in two loops over column blocks: the statistic, then the output."""
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride_x
+    Y += row * stride_y
+    if HAS_RESIDUAL:
+        R += row * stride_r
+        S += row * stride_s
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, K, BLOCK):
+        c = start + cols
+        x = _load_input(X, R, S, c, c < K, HAS_RESIDUAL, False)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+    for start in range(0, N, BLOCK):
+        c = start + cols
+        x = _load_input(X, R, S, c, c < N, HAS_RESIDUAL, True)
+        y = _output(Y, W, c, N, x, rstd, CAST_BEFORE_WEIGHT, GAIN)
+        tl.store(Y + c, y.to(Y.dtype.element_ty), mask=c < N)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def rms_norm_bwd_looping_kernel(
     DY,
     X,
     W,
@@ -158,60 +323,38 @@ def rms_norm_bwd_kernel(
     M,
     N,
     K,
-    rows_per_program,
     HAS_DRESIDUAL: tl.constexpr,
     GAIN: tl.constexpr,
     BLOCK: tl.constexpr,
-    ROWS: tl.constexpr,
-    SINGLE_BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
+    """Each program owns a contiguous range of rows. Phase 1: every row's ``sum(g * x)`` (into DOT).
+    Phase 2, column block by column block: dx of every row of the range, while that block's weight
+    gradient accumulates in registers and is written once."""
+    pid = tl.program_id(0)
+    rows_per_program = tl.cdiv(M, tl.num_programs(0))
     # int64 bounds make the loop variable int64 when compiled (the interpreter uses Python ints).
-    row_start = pid * rows_per_program
+    row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, M)
     cols = tl.arange(0, BLOCK)
-    DW_PARTIAL += pid * N
-
-    if SINGLE_BLOCK:  # tiles of ROWS rows
-        w = _load_gain(W, cols, cols < N, GAIN)[None, :]
-        dw = tl.zeros([BLOCK], dtype=tl.float32)
-        for first in range(row_start, row_end, ROWS):
-            rows = first + tl.arange(0, ROWS)
-            tile = (rows < row_end)[:, None] & (cols < N)[None, :]
-            x = _load_f32(X + rows[:, None] * stride_x, cols[None, :], tile)
-            dy = _load_f32(DY + rows[:, None] * stride_dy, cols[None, :], tile)
-            rstd = tl.load(RSTD + rows, mask=rows < row_end, other=0.0)[:, None]
-            g = dy * w
-            coef = rstd * rstd * rstd * tl.sum(g * x, axis=1)[:, None] / K
-            dx = rstd * g - tl.where(cols[None, :] < K, x, 0.0) * coef
-            _store_dx(
-                DX + rows[:, None] * stride_dx, DS + rows[:, None] * stride_ds, cols[None, :], tile, dx, HAS_DRESIDUAL
-            )
-            dw += tl.sum(dy * x * rstd, axis=0)
-        if GAIN != 2:
-            tl.store(DW_PARTIAL + cols, dw, mask=cols < N)
-    else:
-        # Phase 1: sum(g * x) of every row of the range.
-        for row in range(row_start, row_end):
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in range(0, N, BLOCK):
-                c = start + cols
-                x = _load_f32(X + row * stride_x, c, c < N)
-                acc += _load_f32(DY + row * stride_dy, c, c < N) * _load_gain(W, c, c < N, GAIN) * x
-            tl.store(DOT + row, tl.sum(acc, axis=0))
-        # Phase 2: block by block, dx of every row and the block's weight gradient, written once.
+    for row in range(row_start, row_end):
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, N, BLOCK):
             c = start + cols
-            mask = c < N
-            w = _load_gain(W, c, mask, GAIN)
-            dw = tl.zeros([BLOCK], dtype=tl.float32)
-            for row in range(row_start, row_end):
-                rstd = tl.load(RSTD + row)
-                coef = rstd * rstd * rstd * tl.load(DOT + row) / K
-                x = _load_f32(X + row * stride_x, c, mask)
-                dy = _load_f32(DY + row * stride_dy, c, mask)
-                dx = rstd * dy * w - tl.where(c < K, x, 0.0) * coef
-                _store_dx(DX + row * stride_dx, DS + row * stride_ds, c, mask, dx, HAS_DRESIDUAL)
-                dw += dy * x * rstd
-            if GAIN != 2:
-                tl.store(DW_PARTIAL + c, dw, mask=mask)
+            x = _load_f32(X + row * stride_x, c, c < N)
+            acc += _load_f32(DY + row * stride_dy, c, c < N) * _load_gain(W, c, c < N, GAIN) * x
+        tl.store(DOT + row, tl.sum(acc, axis=0))
+    for start in range(0, N, BLOCK):
+        c = start + cols
+        mask = c < N
+        w = _load_gain(W, c, mask, GAIN)
+        dw = tl.zeros([BLOCK], dtype=tl.float32)
+        for row in range(row_start, row_end):
+            rstd = tl.load(RSTD + row)
+            coef = rstd * rstd * rstd * tl.load(DOT + row) / K
+            x = _load_f32(X + row * stride_x, c, mask)
+            dy = _load_f32(DY + row * stride_dy, c, mask)
+            dx = rstd * dy * w - tl.where(c < K, x, 0.0) * coef
+            _store_dx(DX + row * stride_dx, DS + row * stride_ds, c, mask, dx, HAS_DRESIDUAL)
+            dw += dy * x * rstd
+        if GAIN != 2:
+            tl.store(DW_PARTIAL + pid * N + c, dw, mask=mask)

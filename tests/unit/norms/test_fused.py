@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 
+import norms.fused.launch as fused_launch
 import norms.fused.ops as fused_ops
 from norms import FusedRMSNorm, build_norm, fused_add_rms_norm, fused_rms_norm, partial_rms_norm
 from norms.fused.ops import kernel_backend
@@ -95,6 +96,14 @@ def _compare(shape, k, dtype, with_residual, weight_dtype=None, device=DEVICE, s
         _check(kg[key], tg[key], eg[key], dtype)
 
 
+def _small_blocks(monkeypatch, **constants):
+    """Shrink the launch table's constants (rows held whole, loop blocks, tiles) so that the interpreter runs each
+    code path at small sizes; the cached launches are made afresh."""
+    for name, value in constants.items():
+        monkeypatch.setattr(fused_launch, name, value)
+    monkeypatch.setattr(fused_ops, "_LAUNCHES", {})
+
+
 def _k_values(dim):
     return sorted({1, max(1, dim // 16), max(1, dim - 1), dim})
 
@@ -131,22 +140,34 @@ def test_row_strided_input():
 
 
 def test_rows_longer_than_one_block():
-    _compare((2, fused_ops.MAX_SINGLE_BLOCK + 100), 300, torch.float32, True)
+    _compare((2, fused_launch.SINGLE_BLOCK_BYTES // 4 + 100), 300, torch.float32, True)
 
 
 def test_looping_path_at_small_block(monkeypatch):
     """The multi-block loops on shapes the interpreter runs quickly, by shrinking the block cap."""
-    monkeypatch.setattr(fused_ops, "MAX_SINGLE_BLOCK", 32)
+    _small_blocks(monkeypatch, SINGLE_BLOCK_BYTES=32 * 4, LOOPING_BLOCK=32)
     for dim, k in [(100, 100), (100, 3), (100, 50), (33, 32)]:
         _compare((3, dim), k, torch.float32, True)
         _compare((3, dim), k, torch.bfloat16, False)
     _compare((11, 70), 70, torch.float32, True)  # several rows per backward program: the two-phase path
 
 
+def test_widest_block_reads_each_row_twice_in_halves(monkeypatch):
+    """The widest single block's own backward (two passes over each row's two halves), at sizes the interpreter
+    runs quickly: 64 float32 or 128 bfloat16 features made the widest, and a row of 50 inside a block of 64."""
+    _small_blocks(monkeypatch, SINGLE_BLOCK_BYTES=64 * 4)
+    assert fused_launch.row_settings(50, 4).backward.kind == "wide" == fused_launch.row_settings(128, 2).backward.kind
+    for shape, k in [((13, 64), 64), ((13, 50), 7), ((2, 3, 64), 4)]:
+        _compare(shape, k, torch.float32, True)
+    _compare((9, 128), 128, torch.bfloat16, False, weight_dtype=torch.float32)
+    _compare((9, 128), 8, torch.bfloat16, True)
+
+
 @pytest.mark.parametrize("dim", [8, 40, 100])
 def test_row_tiles_with_a_partial_last_tile(monkeypatch, dim):
     """Many short rows per program (QK-norm sizes), with a row count that does not fill the last tile."""
-    monkeypatch.setattr(fused_ops, "TILE_ELEMENTS", 4 * triton_next_power_of_2(dim))
+    tile = 4 * triton_next_power_of_2(dim)
+    _small_blocks(monkeypatch, FWD_TILE=tile, BWD_TILE=tile)
     _compare((3, 7, dim), dim, torch.float32, True)
     _compare((23, dim), max(1, dim // 4), torch.bfloat16, False)
 
@@ -177,9 +198,10 @@ def test_custom_ops_pass_opcheck():
     x = torch.randn(3, 24, device=DEVICE)
     r = torch.randn(3, 24, device=DEVICE)
     w = torch.rand(24, device=DEVICE, requires_grad=True)
-    torch.library.opcheck(fused_ops._rms_norm_fwd, (x.requires_grad_(), None, w, 24, 1e-6, False, 0))
-    torch.library.opcheck(fused_ops._rms_norm_fwd, (x, r.requires_grad_(), w, 6, 1e-6, True, 1))
-    torch.library.opcheck(fused_ops._rms_norm_fwd, (x, r, None, 24, 1e-6, False, 2))  # no gain
+    op = fused_ops._fused_rms_norm_fwd
+    torch.library.opcheck(op, (x.requires_grad_(), None, w, 24, 1e-6, False, 0))
+    torch.library.opcheck(op, (x, r.requires_grad_(), w, 6, 1e-6, True, 1))
+    torch.library.opcheck(op, (x, r, None, 24, 1e-6, False, 2))  # no gain
 
 
 def test_traces_under_torch_compile_without_graph_break():
@@ -187,6 +209,43 @@ def test_traces_under_torch_compile_without_graph_break():
     compiled = torch.compile(norm, backend="eager", fullgraph=True)  # fullgraph raises on a graph break
     x = torch.randn(3, 24, device=DEVICE)
     torch.testing.assert_close(compiled(x), norm(x))
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the name of every operator dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_calls_launch_the_kernels_without_the_dispatcher_and_compiled_ones_trace_the_op():
+    """The eager path is the autograd.Function (no custom-op dispatch); under torch.compile the op is in the graph
+    (where Inductor decomposes it into its kernels), and training through it matches eager."""
+    torch.manual_seed(0)
+    norm = FusedRMSNorm(24, k=6).to(DEVICE)
+    x, residual = torch.randn(3, 24, device=DEVICE, requires_grad=True), torch.randn(3, 24, device=DEVICE)
+    with _Ops() as seen:
+        normed, total = norm(x, residual=residual)
+        (normed.square().sum() + total.sum()).backward()
+    assert seen.names and not any("normlab" in name for name in seen.names)
+    eager_grads = x.grad.clone(), norm.weight.grad.clone()
+    graphs = []
+
+    def backend(gm, example_inputs):  # aot_eager, keeping Dynamo's graph to look at
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    x.grad = norm.weight.grad = None
+    compiled = torch.compile(lambda x: norm(x, residual=residual), backend=backend, fullgraph=True)
+    normed_c, total_c = compiled(x)
+    (normed_c.square().sum() + total_c.sum()).backward()
+    assert "normlab.fused_rms_norm_fwd" in graphs[0].code
+    torch.testing.assert_close((normed_c, total_c, x.grad, norm.weight.grad), (normed, total, *eager_grads))
 
 
 def test_module_is_registered_and_matches_rmsnorm():
@@ -200,7 +259,7 @@ def test_module_is_registered_and_matches_rmsnorm():
 
 
 def test_fallback_without_a_backend_warns_once_and_runs_the_reference(monkeypatch):
-    monkeypatch.setattr(fused_ops, "_INTERPRETED", False)
+    monkeypatch.setitem(fused_ops._BACKENDS, "cpu", "reference")  # as without TRITON_INTERPRET=1
     monkeypatch.setattr(fused_ops, "_warned_fallback", set())
     assert kernel_backend("cpu") == "reference"
     x, w = torch.randn(3, 8), torch.rand(8)
@@ -237,13 +296,21 @@ def test_interpreter_backend_is_reported():
     assert kernel_backend(DEVICE) == expected
 
 
+# Block sizes that send rows of 40 float32 features down each backward kernel: a tile, the widest block, a loop.
+PATHS = {
+    "tile": {},
+    "wide": {"SINGLE_BLOCK_BYTES": 64 * 4},
+    "looping": {"SINGLE_BLOCK_BYTES": 16 * 4, "LOOPING_BLOCK": 16},
+}
+
+
 @pytest.mark.parametrize("gain", ["one_plus", "none"])
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("single_block", [True, False])
-def test_gain_parametrizations_match_the_reference(gain, with_residual, single_block, monkeypatch):
-    """GAIN is a kernel constant: 1 + w, or no gain (and no weight gradient), in both code paths."""
-    if not single_block:
-        monkeypatch.setattr(fused_ops, "MAX_SINGLE_BLOCK", 16)
+@pytest.mark.parametrize("path", list(PATHS))
+def test_gain_parametrizations_match_the_reference(gain, with_residual, path, monkeypatch):
+    """GAIN is a kernel constant: 1 + w, or no gain (and no weight gradient), in every code path."""
+    _small_blocks(monkeypatch, **PATHS[path])
+    assert fused_launch.row_settings(40, 4).backward.kind == path
     torch.manual_seed(0)
     dim = 40
     fused, plain = FusedRMSNorm(dim, gain=gain).to(DEVICE), build_norm("rmsnorm", dim, gain=gain).to(DEVICE)
