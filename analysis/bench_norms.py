@@ -5,6 +5,10 @@
 
 Each result is a time and an effective bandwidth: bytes moved / time, counting x, y, dy, dx and
 the weight once each (forward: x, y; backward: x, dy, dx; plus the weight and its gradient).
+Two times, because a kernel can be fast while its call is slow: the kernel time (on CUDA
+``triton.testing.do_bench``: the device's work for one call, the L2 cache flushed before each)
+and the call time (``calls`` calls back to back, synchronized once at each end: what an eager
+training loop pays, host included). On CPU the kernel time is perf_counter around each call.
 A plain device copy (read x, write y) measured in the same run is the bandwidth ceiling, and
 every result is also printed as a fraction of it: for forward+backward, the fraction of the
 memory-bound floor of five tensor passes at copy bandwidth. Implementations are measured in
@@ -66,6 +70,49 @@ def measure(
         if rep >= warmup:
             times.append(seconds)
     return statistics.median(times)
+
+
+def kernel_time(fn: Callable, device: torch.device, reps: int = 20) -> float:
+    """Median seconds of the device's work for one ``fn()``. On CUDA ``triton.testing.do_bench``, which flushes the
+    L2 cache before each call with a 256 MB memset queued ahead of it: the host's cost of a call hides behind that
+    memset (about 80 us on an H100) unless it is longer. Elsewhere ``measure``."""
+    if device.type != "cuda":
+        return measure(fn, device, reps)
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=5, rep=reps, return_mode="median") / 1000  # reps: milliseconds of timed calls
+
+
+def call_time(fn: Callable, device: torch.device, calls: int = 20) -> float:
+    """Seconds per call of ``calls`` calls back to back, synchronized once before and once after: what an eager
+    loop pays for each, its host work included (a call whose host work outlasts its kernels is host-bound here)."""
+    fn()  # warm
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) / calls
+
+
+def time_passes(fn: Callable, x: torch.Tensor, dy, device: torch.device, timer: Callable, count: int) -> dict:
+    """Seconds of the forward (recording the graph, as in training) and of forward then backward, timed by
+    ``timer(call, device, count)``; the backward is their difference (timing it alone would need its graph
+    rebuilt untimed before each call, which neither timer can do)."""
+    x = x.detach().requires_grad_()
+
+    def forward():
+        x.grad = None
+        return fn(x)
+
+    def forward_backward():
+        torch.autograd.backward(forward(), dy)
+
+    seconds = {"fwd": timer(forward, device, count), "fwd+bwd": timer(forward_backward, device, count)}
+    seconds["bwd"] = max(seconds["fwd+bwd"] - seconds["fwd"], 1e-9)
+    return {pass_name: seconds[pass_name] for pass_name in PASSES}
 
 
 def _liger_rmsnorm(dim: int, k: int) -> torch.nn.Module:
@@ -166,9 +213,15 @@ def run(
                 shift = round_index % len(order)
                 for name in order[shift:] + order[:shift]:
                     if name == "copy":
-                        timings[name].append({"copy": measure(functools.partial(out.copy_, x), device, reps)})
-                    else:
-                        timings[name].append(bench_one(modules[name], x, dy, device, reps))
+                        timings[name].append({"copy": kernel_time(functools.partial(out.copy_, x), device, reps)})
+                        continue
+                    kernel = (
+                        time_passes(modules[name], x, dy, device, kernel_time, reps)
+                        if device.type == "cuda"
+                        else bench_one(modules[name], x, dy, device, reps)  # the backward timed alone, on CPU
+                    )
+                    call = time_passes(modules[name], x, dy, device, call_time, reps)
+                    timings[name].append({**kernel, **{f"call {p}": call[p] for p in PASSES}})
             copy_s = statistics.median(t["copy"] for t in timings.pop("copy"))
             copy_bw = 2 * x.numel() * element / copy_s
             base = {"dtype": str(dtype)[6:], "dim": dim, "rows": rows}
@@ -178,6 +231,7 @@ def run(
             for name, per_round in timings.items():
                 for pass_name in PASSES:
                     seconds = statistics.median(t[pass_name] for t in per_round)
+                    call_seconds = statistics.median(t[f"call {pass_name}"] for t in per_round)
                     bandwidth = moved[pass_name] / seconds
                     results.append(
                         {
@@ -187,17 +241,21 @@ def run(
                             "ms": 1000 * seconds,
                             "gbps": bandwidth / 1e9,
                             "frac_of_copy": bandwidth / copy_bw,
+                            "call_ms": 1000 * call_seconds,
+                            "call_gbps": moved[pass_name] / call_seconds / 1e9,
                         }
                     )
     return results, skipped
 
 
 def print_table(results: list[dict]) -> None:
-    print(f"{'impl':<20} {'dtype':<9} {'dim':>6} {'pass':<8} {'ms':>9} {'GB/s':>8} {'of copy':>8}")
+    """Kernel time (ms, GB/s, fraction of the copy's bandwidth) and call time (ms) of each result."""
+    print(f"{'impl':<20} {'dtype':<9} {'dim':>6} {'pass':<8} {'ms':>9} {'GB/s':>8} {'of copy':>8} {'call ms':>9}")
     for r in results:
+        call = f"{r['call_ms']:>9.3f}" if "call_ms" in r else ""
         print(
             f"{r['impl']:<20} {r['dtype']:<9} {r['dim']:>6} {r['pass']:<8} {r['ms']:>9.3f} {r['gbps']:>8.1f} "
-            f"{r['frac_of_copy']:>7.0%}"
+            f"{r['frac_of_copy']:>7.0%} {call}"
         )
 
 
@@ -237,7 +295,9 @@ def main() -> None:
     )
     parser.add_argument("--dtypes", nargs="+", default=None, help="default: bfloat16 float32 on GPU, float32 on CPU")
     parser.add_argument("--tensor-mb", type=int, default=None, help="size of x (default 512 MB on GPU, 64 MB on CPU)")
-    parser.add_argument("--reps", type=int, default=None, help="timed calls per round (median)")
+    parser.add_argument(
+        "--reps", type=int, default=None, help="timed calls per round (median); on CUDA, milliseconds of do_bench"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median over rounds)")
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=list(IMPLEMENTATIONS), help="implementations to leave out"
