@@ -12,9 +12,11 @@ and a stage that fails records its error in one line; the next stage runs either
    in float32, bfloat16 and float16, partial, with the residual add, past 2**31 elements; the model with the fused
    norm against the one with PyTorch's.
 2. kernel_bandwidth: the fused RMSNorm against eager F.rms_norm, RMSNorm under torch.compile, F.layer_norm and
-   Liger's RMSNorm (when installed), in bfloat16 at rows x D of training batches, forward, backward and both
-   (analysis/bench_norms.py's timing, interleaved rounds): GB/s against the reference, and as a fraction of a
-   device copy measured alongside. Then the residual-add and partial forms against their unfused equivalents.
+   Liger's RMSNorm (when installed), in bfloat16 at rows x D of training batches from D = 768 to 16,384, forward,
+   backward and both, timed twice (analysis/bench_norms.py, interleaved rounds): the kernel time (do_bench, the L2
+   flushed before each call) and the call time an eager loop pays (back-to-back calls, host included). GB/s against
+   the reference, and as a fraction of a device copy measured alongside. Then the residual-add and partial forms
+   against their unfused equivalents, and QK-norm's many short rows (head_dim 64 and 128).
 3. training: model=gpu_125m train=gpu with LayerNorm, RMSNorm, the fused RMSNorm and pRMSNorm (compiled, as the
    recipe runs them), RMSNorm eager and Hugging Face's LlamaForCausalLM of the same shape and weights, in
    interleaved rounds of steps (scripts/bench_variants.py's and bench_train.py's): tokens/s, MFU against the
@@ -41,6 +43,7 @@ import datetime
 import functools
 import gc
 import importlib.metadata
+import itertools
 import json
 import math
 import os
@@ -63,7 +66,7 @@ from bench_train import hf_model, train_step
 from bench_variants import Variant, summarize
 from hydra import compose, initialize_config_dir
 
-from analysis.bench_norms import PASSES, bench_one, build, bytes_moved, measure, unavailable
+from analysis.bench_norms import PASSES, build, bytes_moved, call_time, kernel_time, time_passes, unavailable
 from norms import build_norm
 from training.metrics_file import read_metrics
 from training.optim import memory_per_rank
@@ -76,15 +79,21 @@ if str(ROOT) not in sys.path:
 import train as train_script  # noqa: E402
 
 DTYPE = torch.bfloat16
-KINDS = ("rmsnorm", "residual", "partial")  # RMSNorm, with the residual add fused, partial (pRMSNorm)
+# RMSNorm, with the residual add fused, partial (pRMSNorm), and QK-norm (RMSNorm over each head's head_dim).
+KINDS = ("rmsnorm", "residual", "partial", "qk")
 # (kind, (rows, D)) in order of value, since the share may run out: every kind at gpu_125m's activations (32
-# sequences of 1024 tokens at D = 768), RMSNorm over 16k-token batches from D = 1k to 16k, the other kinds at 4k.
+# sequences of 1024 tokens at D = 768; QK-norm over its 12 query heads of 64), RMSNorm over 16k-token batches from
+# D = 1k to 16k, the residual and partial forms at 4k, and QK-norm at a head_dim of 128 (16k tokens, 8 heads).
 KERNEL_COMPARISONS = [
-    *((kind, (32768, 768)) for kind in KINDS),
+    *((kind, (32768, 768)) for kind in KINDS[:3]),
+    ("qk", (32768 * 12, 64)),
     *(("rmsnorm", (16384, dim)) for dim in (1024, 2048, 4096, 8192, 16384)),
-    *((kind, (16384, 4096)) for kind in KINDS[1:]),
+    *((kind, (16384, 4096)) for kind in KINDS[1:3]),
+    ("qk", (16384 * 8, 128)),
 ]
-DRY_KERNEL_COMPARISONS = [(kind, (48, 96)) for kind in KINDS]
+DRY_KERNEL_COMPARISONS = [*((kind, (48, 96)) for kind in KINDS[:3]), ("qk", (96, 16))]
+# Per contender and round: do_bench's milliseconds of timed kernel calls, and back-to-back calls for the call time.
+KERNEL_REP_MS, CALLS, KERNEL_ROUNDS = 20, 20, 3
 # The recipe the README gives for GPUs, and the dry run's stand-in.
 RECIPE = ["model=gpu_125m", "train=gpu", "logger=none"]
 DRY_RECIPE = ["model=tiny", "train=gpu", "logger=none", "device=cpu", "train.batch_size=2", "train.seq_len=16",
@@ -340,13 +349,14 @@ def kernel_contenders(kind: str, dim: int, residual: torch.Tensor, device: torch
     def make(name: str) -> torch.nn.Module:
         return build(name, dim, device, DTYPE)
 
-    if kind == "rmsnorm":
+    if kind in ("rmsnorm", "qk"):  # QK-norm is RMSNorm over many short rows: the same contenders
         found = {
             "F.rms_norm": make("torch_rmsnorm"),
             "fused_rmsnorm": make("fused_rmsnorm"),
             "rmsnorm, torch.compile": make("compiled_rmsnorm"),
-            "F.layer_norm": make("torch_layernorm"),
         }
+        if kind == "rmsnorm":
+            found["F.layer_norm"] = make("torch_layernorm")
         if unavailable("liger_rmsnorm", device) is None:
             found["liger_rmsnorm"] = make("liger_rmsnorm")
         return found
@@ -367,18 +377,38 @@ def kernel_contenders(kind: str, dim: int, residual: torch.Tensor, device: torch
     return {"prmsnorm (eager)": eager, "fused prmsnorm": fused, "prmsnorm, torch.compile": make("compiled_prmsnorm")}
 
 
+TIMINGS = ("kernel", "call")
+
+
 def copy_seconds(x: torch.Tensor, out: torch.Tensor, device: torch.device, reps: int) -> dict[str, float]:
-    return {"copy": measure(functools.partial(out.copy_, x), device, reps)}
+    return {"copy": kernel_time(functools.partial(out.copy_, x), device, reps)}
+
+
+def both_timings(fn: Callable, x: torch.Tensor, grads, device: torch.device, reps: int, calls: int) -> dict:
+    """Seconds of each pass, as "<timing> <pass>": the kernel time and the call time (analysis/bench_norms.py)."""
+    kernel = time_passes(fn, x, grads, device, kernel_time, reps)
+    call = time_passes(fn, x, grads, device, call_time, calls)
+    return {f"{timing} {p}": seconds[p] for timing, seconds in (("kernel", kernel), ("call", call)) for p in PASSES}
 
 
 def kernel_bandwidth(stage: Stage) -> None:
     device = stage.device
-    reps, rounds = (1, 2) if stage.dry_run else (20, 5)
+    reps, calls, rounds = (1, 2, 2) if stage.dry_run else (KERNEL_REP_MS, CALLS, KERNEL_ROUNDS)
     comparisons = DRY_KERNEL_COMPARISONS if stage.dry_run else KERNEL_COMPARISONS
     liger = unavailable("liger_rmsnorm", device)
     if liger:
         stage.notes["liger_rmsnorm"] = f"left out: {liger}"
-    stage.notes["rounds"] = f"{rounds} interleaved rounds of {reps} timed calls, {str(DTYPE)[6:]}"
+    if device.type == "cuda":
+        stage.notes["timing"] = (
+            f"{rounds} interleaved rounds, {str(DTYPE)[6:]}; kernel time: triton.testing.do_bench, {reps} ms of "
+            f"calls, the L2 flushed before each, median; call time: {calls} calls back to back, host included; "
+            "backward = forward+backward - forward (the forward records the graph, as in training)"
+        )
+    else:
+        stage.notes["timing"] = (
+            "a CPU dry run: the 'kernel' time is perf_counter around each call and the fused norm runs in Triton's "
+            "interpreter, so these numbers exercise the code and say nothing of a GPU's speed"
+        )
     for done, (kind, (rows, dim)) in enumerate(comparisons):
         stage.progress = f"{done} of {len(comparisons)} comparisons measured"
         x = torch.randn(rows, dim, device=device, dtype=DTYPE)
@@ -386,7 +416,9 @@ def kernel_bandwidth(stage: Stage) -> None:
         out = torch.empty_like(x)
         contenders = kernel_contenders(kind, dim, torch.randn_like(x), device)
         jobs = {"copy": functools.partial(copy_seconds, x, out, device, reps)}
-        jobs |= {name: functools.partial(bench_one, fn, x, grads, device, reps) for name, fn in contenders.items()}
+        jobs |= {
+            name: functools.partial(both_timings, fn, x, grads, device, reps, calls) for name, fn in contenders.items()
+        }
         runs = interleaved(jobs, rounds, stage)
         seconds = {
             name: {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
@@ -395,17 +427,17 @@ def kernel_bandwidth(stage: Stage) -> None:
         shape, where = f"{rows}x{dim}", {"kind": kind, "shape": [rows, dim]}
         copy = 2 * x.nbytes / seconds.pop("copy")["copy"] / 1e9
         ceiling = "none: the ceiling of_copy divides by"
-        stage.number(
-            f"device copy {shape}", copy, "GB/s", ceiling, None, {**where, "impl": "device copy", "pass": "copy"}
-        )
+        copy_where = {**where, "impl": "device copy", "pass": "copy", "timing": "kernel"}
+        stage.number(f"device copy {shape}", copy, "GB/s", ceiling, None, copy_where)
         moved = traffic(rows, dim, x.element_size(), kind == "residual")
         reference = next(iter(contenders))
-        for name in contenders:
-            for pass_name in PASSES:
-                gbps = moved[pass_name] / seconds[name][pass_name] / 1e9
-                speedup = seconds[reference][pass_name] / seconds[name][pass_name]
-                found = {**where, "impl": name, "pass": pass_name, "of_copy": gbps / copy}
-                stage.number(f"{name} {shape} {pass_name}", gbps, "GB/s", reference, speedup, found)
+        for name, timing, pass_name in itertools.product(contenders, TIMINGS, PASSES):
+            key = f"{timing} {pass_name}"
+            gbps = moved[pass_name] / seconds[name][key] / 1e9
+            speedup = seconds[reference][key] / seconds[name][key]
+            found = {**where, "impl": name, "pass": pass_name, "timing": timing, "of_copy": gbps / copy}
+            found["ms"] = 1000 * seconds[name][key]
+            stage.number(f"{name} {shape} {pass_name}, {timing} time", gbps, "GB/s", reference, speedup, found)
 
 
 # --- 3. training --------------------------------------------------------------------------------------------
@@ -707,22 +739,24 @@ def numbers_table(numbers: list[dict]) -> list[str]:
 
 
 def bandwidth_table(numbers: list[dict]) -> list[str]:
-    """The kernel numbers, a row per implementation and shape: GB/s, × its reference, and % of the copy."""
+    """The kernel numbers, a row per implementation, shape and timing: GB/s, × its reference, and % of the copy."""
     copies = {(n["kind"], tuple(n["shape"])): n["value"] for n in numbers if n["pass"] == "copy"}
     rows: dict[tuple, list[str]] = {}
     for n in numbers:
         if n["pass"] != "copy":
             cell = f"{format_value(n['value'])} ×{n['ratio']:.2f} ({n['of_copy']:.0%})"
-            rows.setdefault((n["impl"], n["kind"], tuple(n["shape"]), n["baseline"]), []).append(cell)
+            key = (n["impl"], n["kind"], tuple(n["shape"]), n.get("timing", "kernel"), n["baseline"])
+            rows.setdefault(key, []).append(cell)
     lines = [
-        "Each pass: GB/s, ×the reference's speed, (% of a device copy's bandwidth).",
+        "Each pass: GB/s, ×the reference's speed in the same timing, (% of a device copy's bandwidth). Kernel: the",
+        "device's time for a call, the L2 flushed before it; call: back-to-back eager calls, host included.",
         "",
-        f"| implementation | rows x D | {' | '.join(PASSES)} | reference; copy |",
-        "|---|---|---|---|---|---|",
+        f"| implementation | rows x D | timing | {' | '.join(PASSES)} | reference; copy |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for (impl, kind, shape, reference), cells in rows.items():
+    for (impl, kind, shape, timing, reference), cells in rows.items():
         copy = f"{format_value(copies[kind, shape])} GB/s"
-        lines.append(f"| {impl} | {shape[0]}x{shape[1]} | {' | '.join(cells)} | {reference}; {copy} |")
+        lines.append(f"| {impl} | {shape[0]}x{shape[1]} | {timing} | {' | '.join(cells)} | {reference}; {copy} |")
     return lines
 
 

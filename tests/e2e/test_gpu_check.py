@@ -36,6 +36,12 @@ def test_the_dry_run_takes_every_stage_and_writes_a_well_formed_report(tmp_path,
     assert tests["tests passed"]["value"] == 1 and tests["tests skipped"]["value"] == 1
     kernels = [n for n in numbers["kernel_bandwidth"].values() if n["pass"] == "fwd+bwd"]
     assert KERNEL_CONTENDERS <= {n["impl"] for n in kernels} and all(0 < n["of_copy"] for n in kernels)
+    # Each kernel is timed twice, as the device runs it and as an eager call, for every kind (QK-norm's rows too),
+    # and the dry run says why its timings mean nothing.
+    assert {n["timing"] for n in kernels} == {"kernel", "call"}
+    assert {n["kind"] for n in kernels} == {"rmsnorm", "residual", "partial", "qk"}
+    (kernel_stage,) = [stage for stage in report["stages"] if stage["name"] == "kernel_bandwidth"]
+    assert "say nothing of a GPU's speed" in kernel_stage["notes"]["timing"]
     training = numbers["training"]
     assert {"tokens/s, hf_llama, eager", "model FLOP/s, fused_rmsnorm", "peak memory, prmsnorm"} <= training.keys()
     assert numbers["compiled_vs_eager"]["largest relative loss difference over 3 steps"]["ratio"] <= 1
