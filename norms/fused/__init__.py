@@ -1,1 +1,2 @@
-"""The fused Triton RMSNorm: kernels (``kernels``), custom ops with autograd (``ops``), and the module (``module``)."""
+"""The fused Triton RMSNorm: kernels (``kernels``), their launch table (``launch``), the calls with autograd and
+torch.compile support (``ops``), and the module (``module``)."""

@@ -1,10 +1,13 @@
 """Triton kernels for RMSNorm, partial RMSNorm and the fused residual add.
 
+How they are launched (block sizes, rows per program, warps, pipeline depth, the backward's grid)
+is norms/fused/launch.py's table; why, and what the compiled code looks like, docs/fused_rmsnorm.md.
+
 Forward (``rms_norm_fwd_kernel``): each program normalizes a tile of ROWS rows x BLOCK features
 from one read of the tile: the statistic (mean of squares over the first K features, in
 float32), then the output. Short rows (QK-norm's head_dim of 64-128) share a program, so its
-threads are not mostly idle; rows of 8,192 or more get one each. The per-row reciprocal RMS is
-saved for the backward.
+threads are not mostly idle; long rows get one each. The per-row reciprocal RMS is saved for the
+backward.
 
 Backward (``rms_norm_bwd_kernel``): a persistent grid, one wave of programs, each taking every
 ``programs``-th tile of rows. The row loop is software-pipelined (``tl.range(num_stages=...)``),
@@ -18,13 +21,15 @@ into the first K features:
 
     dx_j = rstd * g_j - [j < K] * x_j * rstd**3 * sum_i(g_i * x_i) / K,   g = dy * w
 
-Rows longer than one block (past 16,384 features) take ``rms_norm_fwd_looping_kernel`` and
-``rms_norm_bwd_looping_kernel``, which loop over column blocks: no cap on the hidden size, at
-the price of reading each row twice.
+A row of the widest single block (32 KB) leaves a thread no registers for that: its backward,
+``rms_norm_bwd_wide_kernel``, takes each row in two passes over two halves, the second from L1.
+Longer rows take ``rms_norm_fwd_looping_kernel`` and ``rms_norm_bwd_looping_kernel``, which loop
+over column blocks: no cap on the hidden size, at the price of reading each row twice.
 
 The gain is a compile-time choice, GAIN: 0 applies w, 1 applies 1 + w (zero-centred, the
 addition in float32, so a small w is not lost to a half-precision rounding), 2 applies none.
 With one_plus the weight gradient is unchanged (d(1 + w)/dw = 1); with none there is none.
+PARTIAL (K < N) is one too, so that full RMSNorm carries no masking by K.
 
 Row offsets are 64-bit, so tensors past 2**31 elements index correctly.
 """
@@ -242,9 +247,8 @@ def rms_norm_bwd_wide_kernel(
         rstd = tl.load(RSTD + rows)
         products = _half_row_products(X, DY, W, rows, lo, stride_x, stride_dy, N, GAIN)
         products += _half_row_products(X, DY, W, rows, hi, stride_x, stride_dy, N, GAIN)
-        coef = (
-            rstd * rstd * tl.sum(products, axis=1)[:, None] / K
-        )  # one reduction for both halves; x_hat takes the third rstd
+        # One reduction for both halves; x_hat brings the third rstd.
+        coef = rstd * rstd * tl.sum(products, axis=1)[:, None] / K
         dw_lo += _half_row_gradient(X, DY, W, DS, DX, rows, lo, strides, N, K, rstd, coef, GAIN, HAS_DRESIDUAL, PARTIAL)
         dw_hi += _half_row_gradient(X, DY, W, DS, DX, rows, hi, strides, N, K, rstd, coef, GAIN, HAS_DRESIDUAL, PARTIAL)
     if GAIN != 2:

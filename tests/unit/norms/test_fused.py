@@ -387,7 +387,27 @@ def test_gpu_more_than_2_31_elements():
 
 @pytest.mark.gpu
 def test_gpu_compiles_under_torch_compile():
-    norm = FusedRMSNorm(1024).cuda().bfloat16()
-    compiled = torch.compile(norm, fullgraph=True)
-    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
-    torch.testing.assert_close(compiled(x), norm(x))
+    """Inductor launches the kernels itself (the triton_ops decomposed), forward and backward, with the residual."""
+    torch.manual_seed(0)
+    norm = FusedRMSNorm(1024).cuda()
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    residual, dy = torch.randn_like(x), torch.randn_like(x)
+    results = []
+    for run in (norm, torch.compile(norm, fullgraph=True)):
+        x.grad = norm.weight.grad = None
+        normed, total = run(x, residual=residual)
+        torch.autograd.backward((normed, total), (dy, dy))
+        results.append((normed, total, x.grad, norm.weight.grad))
+    torch.testing.assert_close(results[1], results[0], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [768, 16384])
+def test_gpu_backward_grid_is_one_wave_of_the_compiled_kernel(dim):
+    """The persistent grid is sized from the compiled kernel: a whole number of programs per SM, at least one."""
+    x = torch.randn(8192, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.ones(dim, device="cuda", requires_grad=True)
+    fused_rms_norm(x, weight).sum().backward()
+    launch = fused_ops.launch_for(dim, x.dtype, weight, x.device, False, 0, False, False)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    assert launch.programs % sms == 0 and launch.programs >= sms
