@@ -13,9 +13,10 @@ Triton's own launch-time specializer turns those arguments into the divisibility
 launch compiles with. Without the hints every access is scalar and the register counts differ.
 
 Checked for each compiled kernel, from its PTX (each global access traced to the tensor it
-reads or writes through the PTX's line information) and its SASS:
+reads or writes, through the registers that compute its address back to a kernel parameter)
+and, for the backward, its SASS:
 
-- no spills (``ptxas -v``);
+- no spills (``cuobjdump -res-usage`` of the cubin Triton built: no stack, no local memory);
 - x, y, dx and dy (and the residual, the sum and its gradient) move in 128-bit accesses
   (ld/st.global.v4, cp.async of 16 bytes) wherever D is a multiple of 16;
 - the backward's row loop prefetches with cp.async (LDGSTS) when the table pipelines it, and
@@ -25,12 +26,15 @@ reads or writes through the PTX's line information) and its SASS:
   and the launcher's grid is that many programs times the SMs.
 
 Coverage, factorized so that the check runs in about a minute on two cores: (a) every block size
-of the table in float32, bfloat16 and float16 (and the looping path past it) with the
-register-heaviest flags (the residual, the 1 + w gain in float32, a partial statistic, HF's cast
-order); (b) every combination of flags (residual, gain, cast order, partial, weight dtype) in
-bfloat16 at the shapes training uses most (D = 768; QK-norm's 128; 4,096; the widest single block
-16,384) and on the looping path; (c) odd sizes (D = 1000, 123) that get no divisibility hints, to
-compile (not to vectorize). Exits 1 on a compile error or a failed check.
+of the table in float32 and bfloat16, and the looping path past it, with the register-heaviest
+flags (the residual, the 1 + w gain in float32, a partial statistic, HF's cast order); float16,
+which shares bfloat16's table, at D = 768, 16,384 and 32,768; (b) an all-pairs cover of the flags
+(residual, gain, cast order, partial, weight dtype: every pair of two flags' values at least
+once, 8 combinations) in bfloat16 at the shapes training uses most (QK-norm's 128, D = 768,
+4,096, the widest single block 16,384) and on the looping path; (c) odd sizes (D = 1000, 123)
+that get no divisibility hints, to compile without spills (not to vectorize). A launch whose
+specialization another case already compiled is compiled once. Exits 1 on a compile error or a
+failed check.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -58,7 +61,7 @@ ROWS = 16384  # a training batch's rows (gpu_125m's is 32 x 1024): what M looks 
 STREAMED = {"x", "y", "dy", "dx", "r", "s", "ds"}
 POINTER_NAMES = {"X": "x", "Y": "y", "DY": "dy", "DX": "dx", "R": "r", "S": "s", "DS": "ds", "W": "w", "RSTD": "rstd",
                  "DW_PARTIAL": "partial", "PARTIAL": "partial", "DW": "dw", "DOT": "dot"}  # fmt: skip
-# The PTX's pointer parameters come first and in the kernel's order (int and float arguments after them).
+# (The kernels take their pointers first: the PTX's first parameters, in order, are the pointers.)
 
 
 @dataclass(frozen=True)
@@ -242,22 +245,22 @@ def _loops(lines: list[str], label: re.Pattern, branch: re.Pattern) -> list[tupl
 
 
 def analyse_ptx(ptx: str, pointers: list[str]) -> dict:
-    """Each global access as (tensor, bits, whether inside the main loop), the tensor found by tracing its
-    address back to the kernel parameter it is computed from (``pointers``: the tensor of each parameter, in
-    order); and the main loop's barriers and cp.async count (the main loop: the longest)."""
+    """Each global access as (tensor, bits), the tensor found by tracing its address back to the kernel
+    parameter it is computed from (``pointers``: the tensor of each parameter, in order; "?" where several or
+    none); and the main loop's barriers and cp.async count (the main loop: the longest)."""
     lines = ptx.splitlines()
     loops = _loops(lines, re.compile(r"^(\$L__BB\d+_\d+):"), re.compile(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);"))
     main = max(loops, key=lambda span: span[1] - span[0], default=(-1, -1))
     sources = _definitions(lines)
     accesses = []
-    for i, line in enumerate(lines):
+    for line in lines:
         match = _ACCESS.search(line)
         if match:
             address = re.search(r"\[\s*(%rd\d+)", match.group(0))
             params = {p for p in _parameters_of(address.group(1), sources) if p < len(pointers)} if address else ()
             tensor = pointers[next(iter(params))] if len(params) == 1 else "?"
             bits = _access_bits(match.group(1), match.group(2), match.group(0))
-            accesses.append((tensor, bits, main[0] <= i <= main[1]))
+            accesses.append((tensor, bits))
     body = lines[main[0] : main[1] + 1] if main[0] >= 0 else []
     return {
         "accesses": accesses,
@@ -288,8 +291,7 @@ def check(case: Case, kernel, grid, args, kwargs, arch: int) -> dict:
     """Compile one launch for sm_<arch> and check it; the result names errors instead of raising."""
     name = _kernel_name(kernel)
     result = {"case": case.label, "kernel": name, "sm": arch, "warps": kwargs.get("num_warps"), "failures": []}
-    result.update(stages=kwargs.get("NUM_STAGES"), block=kwargs.get("BLOCK_N", kwargs.get("BLOCK")))
-    started = time.perf_counter()
+    result["stages"] = kwargs.get("NUM_STAGES")
     try:
         compiled = compile_launch(kernel, args, kwargs, arch)
         registers, spills = resource_usage(compiled.asm["cubin"])
@@ -303,12 +305,11 @@ def check(case: Case, kernel, grid, args, kwargs, arch: int) -> dict:
     shared = compiled.metadata.shared
     per_sm = programs_per_sm(registers, shared, compiled.metadata.num_warps, TARGETS[arch])
     widths: dict[str, set[int]] = {}
-    for tensor, bits, _ in ptx["accesses"]:
-        widths.setdefault(tensor or "?", set()).add(bits)
+    for tensor, bits in ptx["accesses"]:
+        widths.setdefault(tensor, set()).add(bits)
     result.update(registers=registers, spill_bytes=spills, shared=shared, programs_per_sm=per_sm, widths=widths)
     if sass:
-        result.update(loop_barriers=sass["loop_barriers"], loop_ldgsts=sass["loop_ldgsts"], wide=sass["wide"])
-    result["seconds"] = time.perf_counter() - started
+        result.update(loop_barriers=sass["loop_barriers"], loop_ldgsts=sass["loop_ldgsts"])
     failures = result["failures"]
     if spills:
         failures.append(f"{spills} bytes spilled")
