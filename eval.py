@@ -28,6 +28,7 @@ and the command exits 1 so that scripts notice.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import glob
 import hashlib
 import json
@@ -42,7 +43,7 @@ import hydra
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from analysis.keys import metric_key
@@ -50,12 +51,13 @@ from analysis.probes import STUDY_PROBES
 from analysis.probes.layer_importance import skip_deltas
 from analysis.runs import layer_values, read_evaluations
 from model import Transformer, build_model
+from model.config import PlainValues, declared, refusal
 from model.fold import fold_gains
 from model.from_state import check_weights, model_config_of, model_from_state
 from model.quantize import QuantizationError, check_schemes, quantized
 from training.atomic import atomic_write_text
 from training.checkpoint import CHECKPOINT_DIR, CheckpointError
-from training.config import DataConfig, LoggerConfig, Precision, check_values, checked, register_configs
+from training.config import DataConfig, LoggerConfig, Precision, register_configs
 from training.data import build_validation
 from training.errors import NormlabError
 from training.evaluation import evaluate
@@ -82,20 +84,20 @@ MASSIVE_TOKEN = metric_key("act/layers.{i}/massive_token")  # the last column, a
 
 # ruff: noqa: UP006, UP045
 @dataclass
-class EvalConfig:
+class EvalConfig(PlainValues):
     """eval.py: checkpoints in, metrics, samples and activation statistics out."""
 
     checkpoint: Any = (
         MISSING  # a run directory, .pt file or .dcp directory, a glob of them (runs/outliers/*), or a list
     )
     data: Optional[DataConfig] = None  # None: each run's own data config (choose another with data=<name>)
-    val_windows: Optional[int] = checked(None, ">= 1")  # None: the run's data.val_windows
-    batch_size: int = checked(16, ">= 1")
+    val_windows: Optional[int] = declared(None, rule=">= 1")  # None: the run's data.val_windows
+    batch_size: int = declared(16, rule=">= 1")
     prompt: str = "In the beginning"
-    max_new_tokens: int = checked(64, ">= 0")
-    num_samples: int = checked(2, ">= 1")
-    temperature: float = checked(0.8, ">= 0")  # 0: greedy
-    top_k: Optional[int] = checked(50, ">= 1")
+    max_new_tokens: int = declared(64, rule=">= 0")
+    num_samples: int = declared(2, rule=">= 1")
+    temperature: float = declared(0.8, rule=">= 0")  # 0: greedy
+    top_k: Optional[int] = declared(50, rule=">= 1")
     sample_seed: int = 0
     # fake-quantized evaluations beside the float one (model/quantize.py): w8a8, w8a8_tensor, w4a16, fp8
     quant: List[str] = field(default_factory=list)
@@ -158,11 +160,11 @@ class ProbeTextError(NormlabError, ValueError):
     """A probe text that cannot be probed; the message says why and what to give instead."""
 
 
-def _probe_text_option(cfg: DictConfig) -> str:
+def _probe_text_option(cfg: EvalConfig) -> str:
     return "probe_text" if cfg.probe_text is not None else f"probe_text_file={cfg.probe_text_file}"
 
 
-def read_probe_text(cfg: DictConfig) -> str | None:
+def read_probe_text(cfg: EvalConfig) -> str | None:
     """The text that ``probe_text`` or ``probe_text_file`` gives, or None (the probes read the validation batch);
     refused before any checkpoint is read when it is empty or cannot be read."""
     if cfg.probe_text is not None and cfg.probe_text_file is not None:
@@ -180,7 +182,7 @@ def read_probe_text(cfg: DictConfig) -> str | None:
     return text
 
 
-def probe_batch(cfg: DictConfig, text: str, tokenizer: Tokenizer, context: int) -> torch.Tensor:
+def probe_batch(cfg: EvalConfig, text: str, tokenizer: Tokenizer, context: int) -> torch.Tensor:
     """``text`` as one row of the checkpoint's tokens, as the prompt is read (a BOS its tokenizer adds included),
     refused where the probes cannot read it: attention to the first position is measured from the second, and
     the model has no position beyond its context. A text longer than ``context`` tokens of the tokenizer's
@@ -207,7 +209,7 @@ def probe_batch(cfg: DictConfig, text: str, tokenizer: Tokenizer, context: int) 
     return torch.tensor([ids])
 
 
-def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device, probe_text: str | None = None) -> dict:
+def evaluate_checkpoint(cfg: EvalConfig, path: Path, device: torch.device, probe_text: str | None = None) -> dict:
     source, state = read_checkpoint(path)  # sharded (train.parallel=fsdp) too, read whole in this one process
     model = load_model(state, source, device)
     folded_model = None
@@ -221,7 +223,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device, probe
     autocast = autocast_context(precision, device)
 
     run_cfg = state["config"]
-    data_cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), cfg.data if cfg.data is not None else run_cfg["data"])
+    data_cfg = dataclasses.replace(cfg.data) if cfg.data is not None else run_data_config(run_cfg["data"])
     if cfg.val_windows:
         data_cfg.val_windows = cfg.val_windows
     seq_len = run_cfg["train"]["seq_len"] or model.cfg.max_seq_len
@@ -275,7 +277,7 @@ def evaluate_checkpoint(cfg: DictConfig, path: Path, device: torch.device, probe
     return {
         "checkpoint": str(source),
         "step": state["step"],
-        "norm": model.cfg.norm,
+        "norm": model.cfg.norm.name,
         "data": data_cfg.name,
         "data_fingerprint": fingerprint,  # the validation split's text and the tokenizer that read it
         "val_windows": int(val.shape[0]),
@@ -400,7 +402,7 @@ def _print_outliers(result: dict) -> None:
 
 def checkpoint_paths(checkpoint) -> list[Path]:
     """The paths that ``checkpoint=`` names: one, a list, and globs among them (each must match)."""
-    given = list(checkpoint) if isinstance(checkpoint, (list, ListConfig)) else [checkpoint]
+    given = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
     paths = []
     for entry in map(str, given):
         if glob.has_magic(entry):
@@ -415,12 +417,24 @@ def checkpoint_paths(checkpoint) -> list[Path]:
     return paths
 
 
-def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
-    if OmegaConf.is_missing(cfg, "checkpoint"):
+def typed_eval_config(composed: DictConfig) -> EvalConfig:
+    """Hydra's composed eval config as one ``EvalConfig``, refusing a command that names no checkpoint."""
+    if OmegaConf.is_missing(composed, "checkpoint"):
         raise CheckpointError(
             "eval.py needs checkpoint=<run directory, .pt file, glob or [list]>, e.g. checkpoint=runs/x"
         )
-    check_values(cfg, EvalConfig)  # every sampling and evaluation option in its range, before any work
+    return OmegaConf.to_object(composed)
+
+
+def run_data_config(recorded: dict) -> DataConfig:
+    """The data config a run's record holds (keys this code no longer has are refused by the schema)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), recorded))
+
+
+def run_eval(cfg: EvalConfig, out_dir: Path) -> dict[str, dict]:
+    problem = refusal(cfg, "")  # every sampling and evaluation option in its range, before any work
+    if problem:
+        raise NormlabError(problem)
     check_schemes(cfg.quant)  # before any checkpoint is read
     probe_text = read_probe_text(cfg)
     paths = checkpoint_paths(cfg.checkpoint)
@@ -440,7 +454,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
         unsaved = f"{out_dir} could not be written ({err})"
     if cfg.logger.name == "wandb":
         logger = WandbLogger(
-            cfg.logger, out_dir, "eval", "eval", OmegaConf.to_container(cfg, enum_to_str=True), job_type="eval"
+            cfg.logger, out_dir, "eval", "eval", dataclasses.asdict(cfg), job_type="eval"
         )
         for result in results.values():
             logger.log({k: v for k, v in result.items() if isinstance(v, (int, float))})
@@ -456,7 +470,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict[str, dict]:
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run_eval(cfg, out_dir)
+        run_eval(typed_eval_config(cfg), out_dir)
     except (NormlabError, QuantizationError) as err:
         log.error("%s", err)
         discard_unused(out_dir)  # Hydra made it for this command: a refused one leaves nothing

@@ -4,8 +4,8 @@
     python train.py -m norm=layernorm,rmsnorm,prmsnorm,fused_rmsnorm seed=0,1,2
     torchrun --nproc_per_node=8 train.py norm=rmsnorm model=gpu_125m train=gpu
 
-The story: config -> data -> model -> loop -> metrics and checkpoints. ``training.setup.build_run``
-turns the config into a run (data, model, optimizer, resumed from the newest checkpoint in
+The story: config -> data -> model -> loop -> metrics and checkpoints. Hydra composes the config, ``main``
+turns it into one typed ``Config`` (training/config.py), and ``training.setup.build_run`` turns that into a run (data, model, optimizer, resumed from the newest checkpoint in
 runs/<run_name>, the hooks after each step, loggers); the loop below takes its steps, runs the hooks
 that the model and the training options registered, and logs what the probes measure.
 """
@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from training.checkpoint import list_checkpoints
-from training.config import check_config, register_configs
+from training.config import Config, check_config, register_configs, typed_config
 from training.distributed import init_distributed
 from training.errors import NormlabError
 from training.evaluation import evaluate
@@ -51,7 +51,7 @@ def every(n: int, done: int, last: bool) -> bool:
     return done % n == 0 or last
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+def train(cfg: Config, run_dir: Path) -> dict[str, float]:
     """Run (or resume) the training job ``cfg`` in ``run_dir``; returns the last logged metrics."""
     run_dir = Path(run_dir)
     check_config(cfg)  # every value in its range, no contradiction, before anything is written
@@ -74,7 +74,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         dist.close()
 
 
-def build_and_train(cfg: DictConfig, run_dir: Path, device: torch.device, dist) -> dict[str, float]:
+def build_and_train(cfg: Config, run_dir: Path, device: torch.device, dist) -> dict[str, float]:
     """A function of its own so that the run (and its DDP wrapper) is freed when it returns: a DDP
     wrapper destroyed after its process group hangs in gloo's destructor."""
     run = build_run(cfg, run_dir, device, dist)
@@ -197,7 +197,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     fresh = not any(run_dir.iterdir())  # Hydra has just made it: a new run's directory is empty
     try:
-        train(cfg, run_dir)
+        train(typed_config(cfg), run_dir)
     except (NormlabError, OSError, KeyboardInterrupt) as err:
         log.error("%s", stopped_because(err, run_dir))
         if fresh:

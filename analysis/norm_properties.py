@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from analysis.bench_norms import measure
 from analysis.plots import pyplot, save
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
 from norms import NORM_NAMES, build_norm, norm_class, norm_options, partial_rms_norm, rms_norm
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -164,7 +164,7 @@ def costs(model_name: str, rows: int) -> list[dict]:
             y.backward(dy)
         params = sum(p.numel() for p in norm.parameters())
         with torch.device("meta"):
-            model = Transformer(ModelConfig(**preset, norm=name))
+            model = Transformer(ModelConfig(**preset, norm=NormConfig(name=name)))
         in_model = sum(p.numel() for module in model.norm_modules().values() for p in module.parameters())
         results.append(
             {

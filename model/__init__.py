@@ -1,17 +1,16 @@
 """The LLaMA-style decoder. It builds its norms through ``norms.build_norm`` and nothing else of ours."""
 
-from model.config import ModelConfig
-from model.registry import PLACEMENTS
+from model.config import ModelConfig, NormConfig
 from model.transformer import Transformer
-from norms.registry import resolve
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
-    """The model ``cfg`` describes: the Transformer, or the model class its placement names (model/registry.py)."""
-    chosen = resolve(PLACEMENTS[cfg.placement])
-    if isinstance(chosen, type) and issubclass(chosen, Transformer):
-        return chosen(cfg)
-    return Transformer(cfg)
+    """The model ``cfg`` describes, its classes assembled once (model/assembly.py): the Transformer, or the model
+    class its placement names."""
+    from model.assembly import assemble
+
+    assembly = assemble(cfg)
+    return (assembly.model or Transformer)(cfg, assembly.blocks)
 
 
-__all__ = ["ModelConfig", "Transformer", "build_model"]
+__all__ = ["ModelConfig", "NormConfig", "Transformer", "build_model"]

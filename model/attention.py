@@ -85,9 +85,9 @@ class Attention(nn.Module):
         q_size, kv_size = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         # q, k and v from one matmul (rows [q | k | v]): one launch instead of three.
         self.qkv_proj = nn.Linear(cfg.d_model, q_size + 2 * kv_size, bias=False)
-        self.qk_axis = cfg.qk_axis
-        normed = {*normed, *(("q", "k") if cfg.qk_norm else ()), *(("v",) if cfg.v_norm else ())}
-        per_head = cfg.qk_axis == "head"
+        self.qk_axis = cfg.norm.qk_axis
+        normed = {*normed, *(("q", "k") if cfg.norm.qk else ()), *(("v",) if cfg.norm.v else ())}
+        per_head = cfg.norm.qk_axis == "head"
         for role, heads in (("q", cfg.n_heads), ("k", cfg.n_kv_heads), ("v", cfg.n_kv_heads)):
             if role in normed:
                 setattr(self, f"{role}_norm", norm_for(cfg, role, cfg.head_dim if per_head else heads * cfg.head_dim))

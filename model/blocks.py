@@ -27,8 +27,6 @@ from model.attention import Attention, KVCache
 from model.config import ModelConfig
 from model.mlp import SwiGLU
 from model.norm_roles import norm_for
-from model.registry import PLACEMENTS
-from norms.registry import resolve
 
 # The attribute that holds each role's norm, so instance names are stable: layers.3.attn_norm, ...
 _NORM_ATTRIBUTE = {
@@ -52,6 +50,11 @@ class Block(nn.Module):
     # (model/fold.py).
     gain_readers: dict[str, str] = {}
     attention_class, mlp_class = Attention, SwiGLU
+
+    @classmethod
+    def base_block(cls) -> type:
+        """The placement's own block class, without the variants' parts mixed in (model/assembly.py)."""
+        return cls.__bases__[-1] if "variant_names" in cls.__dict__ else cls
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -136,38 +139,3 @@ class ReorderedBlock(Block):
     def forward(self, x, cos, sin, cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
         h = x + self.attn_out_norm(self.attention(x, cos, sin, cache, start_pos))
         return h + self.mlp_out_norm(self.feed_forward(h))
-
-
-def layer_blocks(cfg: ModelConfig) -> list[type[Block]]:
-    """Each layer's block class: ``cfg.layer_placements`` if given, else what ``cfg.placement`` names (a block for
-    every layer, or a function that gives each layer's placement)."""
-    placements = cfg.layer_placements
-    if placements is None:
-        chosen = resolve(PLACEMENTS[cfg.placement])
-        if isinstance(chosen, type) and not _is_block(chosen):
-            raise ValueError(
-                f"norm.placement={cfg.placement} is a model of its own ({chosen.__name__}), not a block: build it "
-                "with model.build_model"
-            )
-        placements = [cfg.placement] * cfg.n_layers if _is_block(chosen) else chosen(cfg)
-    blocks = []
-    for placement in placements:
-        block = resolve(PLACEMENTS[placement]) if placement in PLACEMENTS else None
-        if not _is_block(block):
-            layers = ", ".join(block_placements())
-            whole = f" ({placement} places the whole model: set norm.placement={placement})" if block else ""
-            raise ValueError(
-                f"norm.layer_placements: {placement!r} is not a layer's block; each layer takes one of: {layers}{whole}"
-            )
-        blocks.append(block)
-    return blocks
-
-
-def block_placements() -> list[str]:
-    """The placements that are one layer's block (the others mix blocks or build a model of their own); this
-    imports every variant's file."""
-    return [name for name, path in PLACEMENTS.items() if _is_block(resolve(path))]
-
-
-def _is_block(chosen) -> bool:
-    return isinstance(chosen, type) and issubclass(chosen, Block)

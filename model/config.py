@@ -1,19 +1,24 @@
-"""The decoder's shape and design choices: the one schema, as one typed dataclass that checkpoints store and compare.
+"""The decoder's shape and its norms' design, typed once: the run config's ``model`` and ``norm`` groups, and the
+``ModelConfig`` the model reads and checkpoints store.
 
-Each field says where it sits in a run's config (``key``: ``model.<field>`` unless it says otherwise), which
-values it allows (``choices``) and the rule its value must meet (``rule``). The run config's schema
-(training/config.py) is built from these declarations, and ``ModelConfig`` checks them when built any other way
-(an import, a test): every check is written once, beside its field. A check that needs two fields, or a
-variant's refusal, sits with the variant (variants/) or in ``__post_init__``.
+``ModelShape`` holds the model group's keys (``model.<field>``) and ``NormConfig`` the norm group's
+(``norm.<field>``): a key is its field's name. ``ModelConfig`` is a model's shape with its norms and the rows of
+its embedding table. Each field declares the rule a number must meet or its choices (a ``Choice``, which Hydra's
+composition refuses naming the allowed values), and its part of the run's label away from its default (``label``:
+a format of ``value``, ``type`` and ``over_all``, training/run/label.py). A check that needs two fields, or a
+variant's refusal, sits in ``ModelConfig.__post_init__`` or with the variant (variants/).
 
-Annotations use ``typing`` forms because Hydra's structured configs (OmegaConf) read them.
+Annotations use ``typing`` forms because OmegaConf reads them.
 """
 
+import enum
 import math
-from dataclasses import asdict, dataclass, field, fields
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, Dict, List, Optional  # noqa: UP035 (OmegaConf reads these annotations on Python 3.10)
 
 from model.registry import PLACEMENTS
+from norms import GAINS
 
 # ruff: noqa: UP006, UP045
 
@@ -29,18 +34,29 @@ RULES = {
 }
 
 
-def declared(default, *, key: str = "", choices: tuple = (), rule: str = "", label: str = "", factory=None):
-    """A field with its place in the run config (``key``), its allowed values, its rule, and its part of the run's
-    label away from its default (``label``: a format of ``value``, ``type`` and ``over_all``, training/variant.py)."""
-    metadata = {"key": key, "choices": choices, "rule": rule, "label": label}
+class Choice(str, enum.Enum):
+    """A config key with a fixed set of values, refused at composition with the allowed ones (``Invalid value
+    'x', expected one of [...]``, with the key). Compares and prints as its value; the dataclasses below hold the
+    plain value once built, so that what checkpoints and records store is a string."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def choice(name: str, values) -> type[Choice]:
+    return Choice(name, {value: value for value in values}, module=__name__)  # picklable by name (joblib sweeps)
+
+
+def declared(default, *, rule: str = "", label: str = "", quiet: tuple = (), factory=None):
+    """A field whose value (when not null) must meet ``rule`` (one of RULES), and whose part of the run's label away
+    from its default is ``label``; ``quiet``: values that add no label part."""
+    metadata = {"rule": rule, "label": label, "quiet": quiet}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
-
-
-def config_key(f) -> str:
-    """The run config's key of a ModelConfig field: ``model.<name>`` unless it declares another."""
-    return f.metadata.get("key") or f"model.{f.name}"
 
 
 def rule_refusal(key: str, value, rule: str, nullable: bool) -> str | None:
@@ -50,9 +66,153 @@ def rule_refusal(key: str, value, rule: str, nullable: bool) -> str | None:
     return f"{key}={value} is not allowed: it must be {rule}{' or null' if nullable else ''}"
 
 
+def refusal(config, prefix: str) -> str | None:
+    """The first field of the dataclass ``config`` (nested ones walked, their keys under ``prefix``) whose value is
+    outside its choices or breaks its rule, as one line naming the key; None when every value is allowed."""
+    for f in fields(config):
+        value, key = getattr(config, f.name), f"{prefix}{f.name}"
+        allowed = choices_of(f)
+        if is_dataclass(value):
+            found = refusal(value, f"{key}.")
+        elif allowed:
+            found = (
+                None
+                if value in allowed or value is None
+                else f"{key} must be one of {', '.join(allowed)}, got {value!r}"
+            )
+        else:
+            found = rule_refusal(key, value, f.metadata.get("rule"), type(None) in typing.get_args(f.type))
+        if found:
+            return found
+    return None
+
+
+def choices_of(f) -> list[str]:
+    """The values a field typed as a Choice (or an optional one) may hold; none for any other field."""
+    for kind in typing.get_args(f.type) or (f.type,):
+        if isinstance(kind, type) and issubclass(kind, Choice):
+            return [member.value for member in kind]
+    return []
+
+
+def config_differences(a, b, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Each field (dotted, nested dataclasses walked) where two configs of one class differ, with both values."""
+    found = {}
+    for f in fields(a):
+        mine, theirs = getattr(a, f.name), getattr(b, f.name)
+        if is_dataclass(mine):
+            found.update(config_differences(mine, theirs, f"{prefix}{f.name}."))
+        elif mine != theirs:
+            found[f"{prefix}{f.name}"] = (mine, theirs)
+    return found
+
+
+def plain_values(config) -> None:
+    """Replace each Choice member in the dataclass ``config`` by its value (OmegaConf builds them as members)."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, Choice):
+            setattr(config, f.name, value.value)
+
+
+class PlainValues:
+    """A config dataclass that holds each Choice as its plain value once built (OmegaConf builds them as members):
+    what records and checkpoints store are strings."""
+
+    def __post_init__(self) -> None:
+        plain_values(self)
+
+
+Gain = choice("Gain", GAINS)
+Placement = choice("Placement", PLACEMENTS)  # model/registry.py: a block, a mix of blocks, or a model of its own
+QkAxis = choice("QkAxis", ("head", "all"))
+DepthScaling = choice("DepthScaling", ("none", "inverse_sqrt"))
+EmbedScale = choice("EmbedScale", ("none", "sqrt_d", "learned"))
+InitOutScale = choice("InitOutScale", ("inverse_sqrt_2l", "none"))
+AttnGate = choice("AttnGate", ("none", "headwise", "elementwise"))
+AttnSink = choice("AttnSink", ("none", "learned"))
+
+
 @dataclass
-class ModelConfig:
-    vocab_size: int = declared(4096, rule=">= 1")
+class NormOptions(PlainValues):
+    """Every option some registered norm takes (norms/: each class's keyword arguments), None meaning the norm
+    type's own default. An option the chosen type does not take is refused before any data loads;
+    tests/unit/training/test_config.py checks that these are exactly the registered norms' options."""
+
+    eps: Optional[float] = declared(None, rule="> 0")
+    p: Optional[float] = declared(None, rule="in (0, 1]")  # pRMSNorm: the share of features its statistic reads
+    k: Optional[int] = declared(None, rule=">= 1")  # pRMSNorm: or their count
+    bias: Optional[bool] = None
+    cast_before_weight: Optional[bool] = None
+    gain: Optional[Gain] = declared(None, label="gain_{value}", quiet=("standard",))  # type: ignore[valid-type]
+    alpha_init: Optional[float] = declared(None, rule="> 0")  # DyT, Derf
+    shift_init: Optional[float] = None  # Derf
+
+    def options(self) -> Dict[str, Any]:
+        """The options given a value (the others keep the norm type's default)."""
+        values = {f.name: getattr(self, f.name) for f in fields(NormOptions)}  # not a subclass' fields
+        return {name: value for name, value in values.items() if value is not None}
+
+
+# Every norm's role (model/norm_roles.py): before and after each branch, the stream after a branch's update,
+# before the head, after the embeddings, q, k and v, and right after each linear layer of the blocks.
+PROJECTION_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ROLES = (
+    "attn_in", "mlp_in", "attn_out", "mlp_out", "attn_update", "mlp_update", "final", "embed", "q", "k", "v",
+    *PROJECTION_ROLES,
+)  # fmt: skip
+
+
+# Options for one role alone, e.g. norm.roles.attn_in.alpha_init=0.8: one NormOptions per role of
+# model/norm_roles.py, so that a misspelled role or option is refused at composition.
+NormRoles = make_dataclass("NormRoles", [(role, NormOptions, field(default_factory=NormOptions)) for role in ROLES])
+NormRoles.__module__ = __name__  # pickled by name, as the parallel sweeps' workers unpickle their configs
+
+
+@dataclass
+class NormConfig(NormOptions):
+    """The norm group: the stream's norm type and its options, and the norms' structure in the model (where they
+    sit, which of q, k and v are normalized), which shapes the model and is never passed to a norm."""
+
+    name: str = "rmsnorm"  # the stream's norm type, a registered name (norms/registry.py)
+    # model/registry.py PLACEMENTS: a block for every layer, a mix of blocks by layer, or a model of its own
+    placement: Placement = Placement("pre")  # type: ignore[valid-type]
+    # one placement per layer (a layer's block, e.g. [post, post, pre, pre]); overrides placement
+    layer_placements: Optional[List[str]] = None
+    # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers, pre-norm after them
+    post_fraction: float = declared(0.25, rule="in [0, 1]")
+    qk: Optional[str] = declared(None, label="qk{type}{over_all}")  # a norm type on q and k before RoPE
+    # head: over each head's features (Qwen3); all: over all heads at once (OLMo 2); v too
+    qk_axis: QkAxis = QkAxis("head")  # type: ignore[valid-type]
+    v: Optional[str] = declared(None, label="v{type}{over_all}")  # a norm type on v (QKV-norm with qk), over qk_axis
+    # a norm type after every linear layer of the blocks (q, k, v, o, gate, up, down): variants/simplenorm.py
+    after_linear: Optional[str] = declared(None, label="after_linear{type}")
+    # inverse_sqrt: the norms of layer l (1-based) scaled by 1/sqrt(l) (variants/layernorm_scaling.py)
+    depth_scaling: DepthScaling = declared(DepthScaling("none"), label="lns")  # type: ignore[valid-type]
+    roles: NormRoles = field(default_factory=NormRoles)  # type: ignore[valid-type]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.roles, dict):  # from a checkpoint: the roles that are set
+            unknown = sorted(set(self.roles) - set(ROLES))
+            if unknown:
+                raise ValueError(
+                    f"norm.roles has unknown role(s) {', '.join(unknown)}; the roles are: {', '.join(ROLES)}"
+                )
+            self.roles = NormRoles(**{role: NormOptions(**options) for role, options in self.roles.items()})
+
+    def role_options(self) -> Dict[str, Dict[str, Any]]:
+        """The options set for single roles (norm.roles), e.g. {"attn_in": {"alpha_init": 0.8}}."""
+        return {role: options for role in ROLES if (options := NormOptions.options(getattr(self.roles, role)))}
+
+
+@dataclass
+class ModelShape(PlainValues):
+    """The model group: the decoder's shape and its switches."""
+
+    # the embedding table's rows; null: the tokenizer's vocabulary rounded up to a multiple of 64, or the rows of
+    # the checkpoint a run resumes or starts from where those are more (training/run/config.py)
+    vocab_size: Optional[int] = declared(None, rule=">= 1")
     d_model: int = declared(256, rule=">= 1")
     n_layers: int = declared(4, rule=">= 1")
     n_heads: int = declared(8, rule=">= 1")
@@ -67,54 +227,59 @@ class ModelConfig:
     # Llama 3's stretch of RoPE's low frequencies (model/rope.py): {rope_type: llama3, factor, low_freq_factor,
     # high_freq_factor, original_max_position_embeddings}; empty for plain RoPE (a dict, which Hydra can fill)
     rope_scaling: Dict[str, Any] = declared(None, factory=dict)
-    norm: str = declared("rmsnorm", key="norm.name")  # the stream's norm type, a registered name (norms/registry.py)
-    norm_options: Dict[str, Any] = declared(None, key="norm", factory=dict)  # norm.<option>: the stream's options
-    # model/registry.py PLACEMENTS: a block for every layer, a mix of blocks by layer, or a model of its own
-    placement: str = declared("pre", key="norm.placement", choices=tuple(PLACEMENTS))
-    # one placement per layer (a layer's block, e.g. [post, post, pre, pre]); overrides placement
-    layer_placements: Optional[List[str]] = declared(None, key="norm.layer_placements")
-    # mix_ln: post-norm in the first floor(post_fraction * n_layers) layers, pre-norm after them
-    post_fraction: float = declared(0.25, key="norm.post_fraction", rule="in [0, 1]")
-    qk_norm: Optional[str] = declared(None, key="norm.qk", label="qk{type}{over_all}")  # on q and k before RoPE
-    # head: over each head's features (Qwen3); all: over all heads at once (OLMo 2); v too
-    qk_axis: str = declared("head", key="norm.qk_axis", choices=("head", "all"))
-    # a norm type on v (QKV-norm with qk_norm), over qk_axis
-    v_norm: Optional[str] = declared(None, key="norm.v", label="v{type}{over_all}")
-    # a norm type after every linear layer of the blocks (q, k, v, o, gate, up, down): variants/simplenorm.py
-    after_linear_norm: Optional[str] = declared(None, key="norm.after_linear", label="after_linear{type}")
-    norm_role_options: Dict[str, Dict[str, Any]] = declared(None, key="norm.roles", factory=dict)  # role -> options
-    # inverse_sqrt: the norms of layer l (1-based) scaled by 1/sqrt(l) (variants/layernorm_scaling.py)
-    norm_depth_scaling: str = declared("none", key="norm.depth_scaling", choices=("none", "inverse_sqrt"), label="lns")
     tie_embeddings: bool = True
     dropout: float = declared(0.0, rule="in [0, 1)")
     init_std: float = declared(0.02, rule="> 0")
     # the embeddings times nothing, sqrt(d_model) (Gemma), or a learned scalar from sqrt(d_model) (DyT)
-    embed_scale: str = declared("none", choices=("none", "sqrt_d", "learned"), label="embed_{value}")
+    embed_scale: EmbedScale = declared(EmbedScale("none"), label="embed_{value}")  # type: ignore[valid-type]
     # the output projections' init std divided by sqrt(2 n_layers), or not (see Transformer.reset_parameters)
-    init_out_scale: str = declared("inverse_sqrt_2l", choices=("inverse_sqrt_2l", "none"), label="init_out_{value}")
+    init_out_scale: InitOutScale = declared(InitOutScale("inverse_sqrt_2l"), label="init_out_{value}")  # type: ignore[valid-type]
     # final logits c * tanh(logits / c) (Gemma 2: 30)
     logit_softcap: Optional[float] = declared(None, rule="> 0", label="softcap{value:g}")
     # pre-softmax attention scores c * tanh(s / c) (Gemma 2: 50; variants/score_softcap.py)
     attn_softcap: Optional[float] = declared(None, rule="> 0", label="attncap{value:g}")
     # a sigmoid gate on attention's output, per head or per feature (variants/gated_attention.py)
-    attn_gate: str = declared("none", choices=("none", "headwise", "elementwise"), label="gate_{value}")
+    attn_gate: AttnGate = declared(AttnGate("none"), label="gate_{value}")  # type: ignore[valid-type]
     # one learned logit per head in the softmax's denominator (variants/attention_sinks.py)
-    attn_sink: str = declared("none", choices=("none", "learned"), label="sink_{value}")
+    attn_sink: AttnSink = declared(AttnSink("none"), label="sink_{value}")  # type: ignore[valid-type]
     # each residual branch's output times this constant (variants/op_block.py: 0.2, O(1/sqrt(depth)))
     residual_scale: Optional[float] = declared(None, rule="> 0", label="resid{value:g}")
     # a norm type on the embeddings and before the LM head, whatever the blocks use (a stack without norms
-    # normalized at both ends); None: no embedding norm, the final norm is `norm`
+    # normalized at both ends); None: no embedding norm, the final norm is the stream's
     outer_norm: Optional[str] = declared(None, label="outer_{value}")
 
+
+# The names old checkpoints stored each norm field under (one flat dict), and where they are now.
+FLAT_NORM_FIELDS = {
+    "norm": "name",
+    "placement": "placement",
+    "layer_placements": "layer_placements",
+    "post_fraction": "post_fraction",
+    "qk_norm": "qk",
+    "qk_axis": "qk_axis",
+    "v_norm": "v",
+    "after_linear_norm": "after_linear",
+    "norm_depth_scaling": "depth_scaling",
+}
+
+
+@dataclass
+class ModelConfig(ModelShape):
+    """A model: its shape, its norms and the rows of its embedding table. What ``Transformer`` is built from and
+    every checkpoint stores (``to_dict``); ``from_dict`` reads any checkpoint's, older ones' flat layout too."""
+
+    vocab_size: int = declared(4096, rule=">= 1")
+    norm: NormConfig = field(default_factory=NormConfig)
+
+    FLAT_FIELDS = (*FLAT_NORM_FIELDS, "norm_options", "norm_role_options")  # the older layout's (from_dict)
+
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value, key = getattr(self, f.name), config_key(f)
-            choices = f.metadata.get("choices")
-            if choices and value not in choices:
-                raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
-            refusal = rule_refusal(key, value, f.metadata.get("rule"), f.default is None)
-            if refusal:
-                raise ValueError(refusal)
+        super().__post_init__()
+        if isinstance(self.norm, dict):
+            self.norm = NormConfig(**self.norm)
+        problem = refusal(self, "model.")
+        if problem:
+            raise ValueError(problem.replace("model.norm.", "norm."))
         if self.head_size is None and self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -123,11 +288,31 @@ class ModelConfig:
             raise ValueError(
                 f"the head size {self.head_dim} (model.head_size or d_model/n_heads) must be even for RoPE"
             )
-        if self.layer_placements is not None and len(self.layer_placements) != self.n_layers:
+        layers = self.norm.layer_placements
+        if layers is not None and len(layers) != self.n_layers:
             raise ValueError(
-                f"norm.layer_placements has {len(self.layer_placements)} entries for model.n_layers={self.n_layers}: "
-                "give one placement per layer"
+                f"norm.layer_placements has {len(layers)} entries for model.n_layers={self.n_layers}: give one "
+                "placement per layer"
             )
+
+    @classmethod
+    def of(cls, shape: ModelShape, norm: NormConfig, vocab_size: int) -> "ModelConfig":
+        """The model of a run's ``model`` and ``norm`` groups, with ``vocab_size`` embedding rows."""
+        values = {f.name: getattr(shape, f.name) for f in fields(ModelShape)}
+        return cls(**{**values, "vocab_size": vocab_size, "norm": NormConfig(**asdict(norm))})
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> "ModelConfig":
+        """A checkpoint's model config; one written before the norm fields were grouped holds them flat (``norm``
+        the type's name, ``qk_norm``, ``norm_options``, ``norm_role_options``, ...). Fields added since count at
+        their defaults, which is what the code that wrote it did."""
+        saved = dict(saved)
+        if not isinstance(saved.get("norm", {}), dict):
+            norm = {new: saved.pop(old) for old, new in FLAT_NORM_FIELDS.items() if old in saved}
+            norm.update(saved.pop("norm_options", {}))
+            norm["roles"] = saved.pop("norm_role_options", {})
+            saved["norm"] = norm
+        return cls(**saved)
 
     @property
     def head_dim(self) -> int:
@@ -141,4 +326,7 @@ class ModelConfig:
         return self.mlp_multiple_of * -(-hidden // self.mlp_multiple_of)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain values, the norm's per-role options only for the roles that have some."""
+        values = asdict(self)
+        values["norm"]["roles"] = self.norm.role_options()
+        return values

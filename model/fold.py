@@ -81,7 +81,7 @@ def _v_entries(model: Transformer) -> torch.Tensor:
         torch.arange(cfg.n_heads).repeat_interleave(cfg.head_dim),
         torch.arange(cfg.head_dim).repeat(cfg.n_heads),
     )
-    if cfg.qk_axis == "head":
+    if cfg.norm.qk_axis == "head":
         return feature
     return head // (cfg.n_heads // cfg.n_kv_heads) * cfg.head_dim + feature
 

@@ -18,16 +18,18 @@ from model.transformer import ROPE_POSITIONS
 
 
 def model_config_of(saved: dict, source: str) -> ModelConfig:
-    """The ModelConfig a checkpoint stored, refusing fields this code does not know and values it refuses."""
-    unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(ModelConfig)})
-    if unknown:
+    """The ModelConfig a checkpoint stored (in either layout, ModelConfig.from_dict), refusing fields this code does
+    not know and values it refuses."""
+    try:
+        return ModelConfig.from_dict(saved)
+    except TypeError as err:  # a field this code does not have
+        known = {f.name for f in dataclasses.fields(ModelConfig)} | set(ModelConfig.FLAT_FIELDS)
+        unknown = sorted(set(saved) - known) or [str(err).rpartition(" ")[2].strip("'")]
         raise ValueError(
             f"{source} has model config fields this code does not know ({', '.join(unknown)}); use the normlab "
             "version that wrote it"
-        )
-    try:
-        return ModelConfig(**saved)
-    except (TypeError, ValueError) as err:
+        ) from None
+    except ValueError as err:
         raise ValueError(f"{source} holds a model config this code refuses: {err}") from None
 
 

@@ -49,14 +49,14 @@ def hf_model_type(model: Transformer) -> str:
         "model.logit_softcap": cfg.logit_softcap is not None,
         "model.attn_softcap": cfg.attn_softcap is not None,
         f"model.embed_scale={cfg.embed_scale}": cfg.embed_scale != "none",
-        "norm.layer_placements": cfg.layer_placements is not None,
+        "norm.layer_placements": cfg.norm.layer_placements is not None,
         "model.residual_scale": cfg.residual_scale is not None,
         "model.outer_norm": cfg.outer_norm is not None,
         # Qwen3-Next gates its attention and gpt-oss has sinks, but beside other changes (linear attention, experts)
         f"model.attn_gate={cfg.attn_gate}": cfg.attn_gate != "none",
         f"model.attn_sink={cfg.attn_sink}": cfg.attn_sink != "none",
-        "norm.v": cfg.v_norm is not None,
-        "norm.after_linear": cfg.after_linear_norm is not None,
+        "norm.v": cfg.norm.v is not None,
+        "norm.after_linear": cfg.norm.after_linear is not None,
     }
     unheld = [feature for feature, used in features.items() if used]
     if unheld:
@@ -65,21 +65,21 @@ def hf_model_type(model: Transformer) -> str:
     not_rms = [name for name, norm in norms.items() if norm.plain_rms_norm_weight() is None]
     if not_rms:
         raise ValueError(
-            f"{not_rms[0]} ({type(norms[not_rms[0]]).__name__}, norm={cfg.norm}, qk={cfg.qk_norm}, options "
-            f"{cfg.norm_options}) has no equivalent in Hugging Face's Llama, Qwen3 or OLMo 2, which only have "
+            f"{not_rms[0]} ({type(norms[not_rms[0]]).__name__}, norm={cfg.norm.name}, qk={cfg.norm.qk}, options "
+            f"{cfg.norm.options()}) has no equivalent in Hugging Face's Llama, Qwen3 or OLMo 2, which only have "
             "RMSNorm over all features"
         )
     if len({norm.eps for norm in norms.values()}) > 1:
         raise ValueError("the norms use different eps values; Hugging Face's classes have one rms_norm_eps")
-    if cfg.placement == "pre" and cfg.qk_norm is None:
+    if cfg.norm.placement == "pre" and cfg.norm.qk is None:
         return "llama"
-    if cfg.placement == "pre" and cfg.qk_axis == "head":
+    if cfg.norm.placement == "pre" and cfg.norm.qk_axis == "head":
         return "qwen3"
-    if cfg.placement == "reordered" and cfg.qk_norm is not None and cfg.qk_axis == "all":
+    if cfg.norm.placement == "reordered" and cfg.norm.qk is not None and cfg.norm.qk_axis == "all":
         return "olmo2"
     raise ValueError(
-        f"placement {cfg.placement!r} with QK-norm {cfg.qk_norm or 'none'}"
-        f"{f' over {cfg.qk_axis}' if cfg.qk_norm else ''} has no Hugging Face equivalent: Llama is pre-norm "
+        f"placement {cfg.norm.placement!r} with QK-norm {cfg.norm.qk or 'none'}"
+        f"{f' over {cfg.norm.qk_axis}' if cfg.norm.qk else ''} has no Hugging Face equivalent: Llama is pre-norm "
         "without QK-norm, Qwen3 pre-norm with per-head QK-norm (norm.qk_axis=head), OLMo 2 reordered with QK-norm "
         "over all heads (norm.placement=reordered norm.qk=rmsnorm norm.qk_axis=all)"
     )

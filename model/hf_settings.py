@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from model.config import ModelConfig
+from model.config import ModelConfig, NormConfig
 from model.rope import LLAMA3_KEYS
 
 HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
@@ -154,13 +154,16 @@ def hf_model_config(config: dict[str, Any]) -> ModelConfig:
         max_seq_len=settings.count("max_position_embeddings"),
         rope_theta=rope.positive("rope_theta"),
         rope_scaling=_llama3_scaling(rope) if rope.word("rope_type", "default") == "llama3" else {},
-        norm="rmsnorm",
-        norm_options={"eps": settings.positive("rms_norm_eps"), **cast_order},
-        placement="reordered" if model_type == "olmo2" else "pre",
-        qk_norm=None if model_type == "llama" else "rmsnorm",
-        qk_axis="all" if model_type == "olmo2" else "head",
         tie_embeddings=settings.flag("tie_word_embeddings", False),
         init_std=settings.positive("initializer_range", 0.02),
+        norm=NormConfig(
+            name="rmsnorm",
+            eps=settings.positive("rms_norm_eps"),
+            **cast_order,
+            placement="reordered" if model_type == "olmo2" else "pre",
+            qk=None if model_type == "llama" else "rmsnorm",
+            qk_axis="all" if model_type == "olmo2" else "head",
+        ),
     )
 
 

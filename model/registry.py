@@ -1,8 +1,8 @@
 """Where the model's names become code: each placement's block, and each switch's variant (variants/).
 
 The core is plain Llama; every paper's change lives in a file of its own under variants/, which the core never
-imports by name. Here each placement and each switch maps to an import path, resolved (norms.registry.resolve)
-only when a config chooses it: ``python train.py norm=rmsnorm`` imports none of variants/, and choosing a switch
+imports by name. Here each placement and each switch maps to an import path, resolved (``resolve``; the model's
+classes are assembled from them in model/assembly.py) only when a config chooses it: ``python train.py norm=rmsnorm`` imports none of variants/, and choosing a switch
 imports its file alone.
 
 A placement names a block class (every layer), a function of the config that gives each layer's placement (a
@@ -21,10 +21,7 @@ variant is imported.
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
-
-from norms.registry import resolve
+import importlib
 
 PLACEMENTS = {
     "pre": "model.blocks:PreNormBlock",
@@ -39,42 +36,21 @@ PLACEMENTS = {
     "ngpt": "variants.ngpt:NormalizedTransformer",
 }
 
-# A ModelConfig field -> its variant, in the order their parts are added to a module (their parameters' order).
+# A switch (its config key) -> its variant, in the order their parts are added to a module (their parameters' order).
 SWITCHES = {
-    "after_linear_norm": "variants.simplenorm",
-    "attn_gate": "variants.gated_attention",
-    "attn_sink": "variants.attention_sinks",
-    "attn_softcap": "variants.score_softcap",
-    "norm_depth_scaling": "variants.layernorm_scaling",
-    "residual_scale": "variants.op_block",
+    "norm.after_linear": "variants.simplenorm",
+    "model.attn_gate": "variants.gated_attention",
+    "model.attn_sink": "variants.attention_sinks",
+    "model.attn_softcap": "variants.score_softcap",
+    "norm.depth_scaling": "variants.layernorm_scaling",
+    "model.residual_scale": "variants.op_block",
 }
 
 
-def chosen_variants(cfg) -> list[ModuleType]:
-    """The variants' modules that ``cfg`` (a ModelConfig) switches on, each once, in SWITCHES' order; each
-    refuses a config it cannot take (ValueError, one line naming the fix)."""
-    default = type(cfg)()
-    modules = []
-    for name, path in SWITCHES.items():
-        if getattr(cfg, name) != getattr(default, name) and (module := resolve(path)) not in modules:
-            modules.append(module)
-    for module in modules:
-        refusal = getattr(module, "refusal", lambda cfg: None)(cfg)
-        if refusal:
-            raise ValueError(refusal)
-    return modules
-
-
-def combined(base: type, variants: list[ModuleType], part: str, **attributes) -> type:
-    """``base`` with each chosen variant's subclass for ``part`` (ATTENTION, MLP or BLOCK) mixed in, the first
-    variant's innermost (its parts added first), and ``attributes`` set: one class per combination."""
-    extensions = tuple(getattr(module, part) for module in reversed(variants) if hasattr(module, part))
-    return _combined(base, extensions, tuple(attributes.items()))
-
-
-@functools.cache
-def _combined(base: type, extensions: tuple[type, ...], attributes: tuple) -> type:
-    changed = {name: value for name, value in attributes if getattr(base, name) is not value}
-    if not extensions and not changed:
-        return base
-    return type(base.__name__, (*extensions, base), changed)
+def resolve(path: str):
+    """What ``package.module:name`` names (or the module itself, without ``:name``), its module imported now: the
+    one resolver of normlab's lazy tables (placements and switches here; probes, post-step hooks, optimizers and
+    corpora in training/)."""
+    module, _, name = path.partition(":")
+    imported = importlib.import_module(module)
+    return getattr(imported, name) if name else imported

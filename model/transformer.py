@@ -16,11 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import KVCache
-from model.blocks import Block, layer_blocks
+from model.blocks import Block
 from model.config import ModelConfig
 from model.loss import LossTerms, fused_linear_cross_entropy, softcap
-from model.norm_roles import check_role_options, norm_for
-from model.registry import chosen_variants, combined
+from model.norm_roles import norm_for
 from model.rope import rope_tables
 from norms import Norm
 
@@ -32,11 +31,21 @@ ROPE_POSITIONS = 8192
 class Transformer(nn.Module):
     on_sphere = False  # whether the model keeps its vectors on the unit sphere (no gain folds into a matrix)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, blocks: tuple[type[Block], ...] | None = None) -> None:
+        """``blocks``: each layer's class, as ``model.assembly.assemble(cfg)`` gives them (assembled here if not
+        given: ``build_model`` builds a placement's own model class)."""
         super().__init__()
         self.cfg = cfg
-        check_role_options(cfg)
-        blocks = self.block_types()
+        if blocks is None:
+            from model.assembly import assemble
+
+            assembly = assemble(cfg)
+            if assembly.model is not None and not isinstance(self, assembly.model):
+                raise ValueError(
+                    f"norm.placement={cfg.norm.placement} is a model of its own ({assembly.model.__name__}): build it "
+                    "with model.build_model"
+                )
+            blocks = assembly.blocks
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.embed_scale == "learned":  # the DyT paper's LLaMA code: a learned scalar, from sqrt(d_model)
             self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(cfg.d_model)))
@@ -67,24 +76,6 @@ class Transformer(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=stds.get(name, self.cfg.init_std))
         for layer in self.layers:
             layer.after_init()
-
-    def block_types(self) -> list[type[Block]]:
-        """Each layer's block class: its placement's, with the chosen variants' parts (model/registry.py)."""
-        variants = chosen_variants(self.cfg)
-        return [
-            combined(
-                block,
-                variants,
-                "BLOCK",
-                attention_class=combined(block.attention_class, variants, "ATTENTION"),
-                mlp_class=combined(block.mlp_class, variants, "MLP"),
-            )
-            for block in self.placement_blocks()
-        ]
-
-    def placement_blocks(self) -> list[type[Block]]:
-        """Each layer's block class as its placement gives it (model/blocks.py)."""
-        return layer_blocks(self.cfg)
 
     def post_step_hooks(self) -> list[Callable[[], dict[str, float]]]:
         """What must run after every optimizer step for the weights to stay what the model assumes (a model

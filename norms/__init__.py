@@ -7,7 +7,7 @@ and its backend (a C kernel, the Triton kernel) the first time such a norm is bu
 
 from norms.base import GAINS, Norm
 from norms.functional import derf, dyt, l2_norm, layer_norm, partial_rms_norm, rms_norm
-from norms.registry import NORM_NAMES, backend, build_norm, norm_class, norm_options, resolve
+from norms.registry import NORM_NAMES, backend, build_norm, lazy_import, norm_class, norm_options
 
 _LAZY = {
     "LayerNorm": "norms.layernorm",
@@ -25,7 +25,7 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return resolve(f"{_LAZY[name]}:{name}")
+        return lazy_import(f"{_LAZY[name]}:{name}")
     raise AttributeError(f"module 'norms' has no attribute {name!r}")
 
 

@@ -1,11 +1,9 @@
-"""Where a name becomes code: a norm's config name its module class, a backend's name its module, through
-``resolve``, the one resolver of every lazy table in normlab.
+"""Where a norm's name becomes code: a norm's config name its module class, a backend's name its module.
 
-Configs and checkpoints keep the name (a string, serializable); ``build_norm`` resolves it. Every table of
-names (norms and backends here; placements and variants in model/registry.py, probes, post-step hooks,
-optimizers and corpora in training/) holds import paths, so a class is imported when it is first asked for:
-importing ``norms`` loads neither Triton nor a C kernel, and a run imports only the variants it chooses.
-``resolve`` lives here, in the bottom layer, so that every layer can use it.
+Configs and checkpoints keep the name (a string, serializable); ``build_norm`` resolves it. The tables hold
+import paths, so a class is imported when it is first asked for: importing ``norms`` loads neither Triton nor a
+C kernel. (The rest of normlab's lazy tables resolve through model/registry.py: this package imports nothing of
+ours, and nothing of ours but norms is resolved here.)
 """
 
 from __future__ import annotations
@@ -35,8 +33,8 @@ NORM_NAMES: tuple[str, ...] = tuple(_NORMS)
 _loaded_backends: dict = {}
 
 
-def resolve(path: str):
-    """What ``package.module:name`` names (or the module itself, without ``:name``), its module imported now."""
+def lazy_import(path: str):
+    """What ``norms.module:name`` names (or the module itself, without ``:name``), its module imported now."""
     module, _, name = path.partition(":")
     imported = importlib.import_module(module)
     return getattr(imported, name) if name else imported
@@ -48,7 +46,7 @@ def norm_class(name: str) -> type:
         path = _NORMS[name]
     except KeyError:
         raise ValueError(f"unknown norm {name!r}; known norms: {', '.join(NORM_NAMES)}") from None
-    return resolve(path)
+    return lazy_import(path)
 
 
 def backend(name: str):
@@ -56,7 +54,7 @@ def backend(name: str):
     from a dict, which torch.compile traces through where an import would break the graph)."""
     module = _loaded_backends.get(name)
     if module is None:
-        module = _loaded_backends[name] = resolve(_BACKENDS[name])
+        module = _loaded_backends[name] = lazy_import(_BACKENDS[name])
     return module
 
 

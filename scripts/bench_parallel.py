@@ -83,7 +83,7 @@ def measure(args: argparse.Namespace, device: torch.device, group) -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=args.vocab_size, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-        n_kv_heads=args.heads, max_seq_len=args.seq_len, norm="rmsnorm",
+        n_kv_heads=args.heads, max_seq_len=args.seq_len,
     )  # fmt: skip
     warm_up_libraries(cfg, device)
     before = torch.cuda.memory_allocated(device) if cuda else current_rss_bytes()

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
 from model.hf import hf_config, hf_state_dict
 from training.runtime import autocast_context, resolve_device
 from training.throughput import mfu_or_none, peak_flops
@@ -32,7 +32,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 def load_preset(name: str, vocab_size: int) -> ModelConfig:
     preset = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     preset.pop("name")
-    return ModelConfig(**preset, vocab_size=vocab_size, norm="rmsnorm")
+    return ModelConfig(**preset, vocab_size=vocab_size, norm=NormConfig(name="rmsnorm"))
 
 
 def hf_model(cfg: ModelConfig, ours: Transformer):

@@ -31,9 +31,9 @@ from hydra import compose, initialize_config_dir
 
 from analysis.runs import BASELINE, default_baseline
 from model import build_model
-from model.blocks import block_placements
+from model.assembly import block_placements
 from norms import NORM_NAMES
-from training.config import build_model_config, register_configs
+from training.config import model_config, register_configs, typed_config
 from training.distributed import Distributed
 from training.optim import build_optimizer
 from training.post_step import post_step_hooks
@@ -79,11 +79,11 @@ class Variant:
 
     def __init__(self, overrides: list[str], variant: str, device: torch.device) -> None:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose("config", overrides=[*overrides, *shlex.split(variant)])
+            cfg = typed_config(compose("config", overrides=[*overrides, *shlex.split(variant)]))
         self.label = cfg.variant
         self.precision = resolve_precision(cfg.train.precision, device)
         seed_everything(cfg.seed)
-        self.model = build_model(build_model_config(cfg, cfg.data.vocab_size)).to(device)
+        self.model = build_model(model_config(cfg, cfg.data.vocab_size)).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train, device)
         self.grad_clip = math.inf if cfg.train.grad_clip is None else cfg.train.grad_clip  # inf: no clipping
         self.z_loss = cfg.train.z_loss

@@ -68,6 +68,7 @@ from hydra import compose, initialize_config_dir
 
 from analysis.bench_norms import PASSES, build, bytes_moved, call_time, kernel_time, time_passes, unavailable
 from norms import build_norm
+from training.config import typed_config
 from training.metrics_file import read_metrics
 from training.optim import memory_per_rank
 from training.setup import configure_device
@@ -263,8 +264,9 @@ def interleaved(jobs: dict[str, Callable[[], dict]], rounds: int, stage: Stage) 
 
 
 def compose_config(overrides: list[str]):
+    """The typed run config ``overrides`` compose, as train.py passes it on."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("config", overrides=overrides)
+        return typed_config(compose("config", overrides=overrides))
 
 
 def sync(device: torch.device) -> None:

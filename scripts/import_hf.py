@@ -20,6 +20,7 @@ fresh optimizer state; it is written beside the target and renamed into place on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import glob
 import os
@@ -33,15 +34,15 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from model import ModelConfig, build_model
+from model.config import ModelShape
 from model.hf import hf_model_type, hf_tensor_shapes, load_hf_tensors
 from model.hf_settings import HF_CLASSES, hf_model_config, special_token_ids
 from training.batches import split_global_batch
 from training.checkpoint import rng_states, save_checkpoint
-from training.config import build_model_config, register_configs
+from training.config import model_config, register_configs, typed_config, value_at
 from training.errors import NormlabError
 from training.input_files import InputFileError, MiB, read_json, read_text, regular_file
 from training.optim import build_optimizer
@@ -272,15 +273,15 @@ def train_overrides(cfg: ModelConfig, model_type: str, tokenizer: Path, seq_len:
     """The train.py overrides whose config builds this model and reads its tokenizer: keys that differ from the
     default config, so the command that resumes the run stays short."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        defaults = compose("config")
+        defaults = typed_config(compose("config"))
     wanted = {
         "model.name": model_type,
-        **{f"model.{key}": getattr(cfg, key) for key in defaults.model if key != "name"},
-        "norm.name": cfg.norm,
-        **{f"norm.{key}": value for key, value in cfg.norm_options.items()},
-        "norm.placement": cfg.placement,
-        "norm.qk": cfg.qk_norm,
-        "norm.qk_axis": cfg.qk_axis,
+        **{f"model.{f.name}": getattr(cfg, f.name) for f in dataclasses.fields(ModelShape)},
+        "norm.name": cfg.norm.name,
+        **{f"norm.{key}": value for key, value in cfg.norm.options().items()},
+        "norm.placement": cfg.norm.placement,
+        "norm.qk": cfg.norm.qk,
+        "norm.qk_axis": cfg.norm.qk_axis,
         "data.tokenizer": str(tokenizer),
         "train.seq_len": seq_len,
     }
@@ -288,7 +289,7 @@ def train_overrides(cfg: ModelConfig, model_type: str, tokenizer: Path, seq_len:
     return [
         f"{'++' if isinstance(value, dict) else ''}{key}={hydra_value(value)}"
         for key, value in wanted.items()
-        if OmegaConf.select(defaults, key) != value
+        if value_at(defaults, key) != value
     ]
 
 
@@ -296,7 +297,7 @@ def run_record(overrides: list[str], model: torch.nn.Module, folder: Path, confi
     """The run's config.yaml (what train.py records at the start of a run) and the composed config; ``model`` may be
     on the meta device."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+        cfg = typed_config(compose("config", overrides=overrides))
     seq_len = cfg.train.seq_len
     runtime = {
         "precision": resolve_precision(cfg.train.precision, resolve_device(cfg.device)),
@@ -312,13 +313,13 @@ def run_record(overrides: list[str], model: torch.nn.Module, folder: Path, confi
             "transformers": config.get("transformers_version"),
         },
     }
-    return {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}, cfg
+    return {**dataclasses.asdict(cfg), "runtime": runtime}, cfg
 
 
 def resume_problem(cfg, model_cfg: ModelConfig, tokenizer: Tokenizer) -> str | None:
     """Why train.py could not resume the run, or None: it builds the model from the config and the tokenizer (the
     embedding rows the record's, as padded as the folder's), and a checkpoint of another model config is refused."""
-    rebuilt = build_model_config(cfg, tokenizer.get_vocab_size(), rows=model_cfg.vocab_size).to_dict()
+    rebuilt = model_config(cfg, tokenizer.get_vocab_size(), rows=model_cfg.vocab_size).to_dict()
     differs = [key for key, value in model_cfg.to_dict().items() if rebuilt[key] != value]
     if not differs:
         return None

@@ -9,14 +9,21 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import train as train_script
+from training.config import typed_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")
 
 
-def compose_config(*overrides: str):
+def compose_composed(*overrides: str):
+    """Hydra's composed config (a DictConfig), as train.py's main receives it."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+def compose_config(*overrides: str):
+    """The typed run config ``overrides`` compose, as train.py's main passes it on."""
+    return typed_config(compose_composed(*overrides))
 
 
 def tiny_overrides(cache_dir: str, steps: int = 4, *extra: str) -> list[str]:

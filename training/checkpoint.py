@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.config import ModelConfig
+from model.config import ModelConfig, config_differences
 from training.atomic import atomic_write
 from training.errors import CheckpointError, UnsafeCheckpointError
 from training.input_files import InputFileError, regular_file
@@ -168,7 +168,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
 def first_clause(err: BaseException) -> str:
     """An exception's first line, short: torch's own texts run to paragraphs (the whole goes to the debug log)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return (lines[0] if lines else type(err).__name__)[:160]
+    return (lines[0].split(". ")[0] if lines else type(err).__name__)[:160]
 
 
 def load_newest_readable(
@@ -195,9 +195,8 @@ def load_newest_readable(
         return path, state
     if failures:
         raise CheckpointError(
-            f"none of the {len(candidates)} checkpoints in {checkpoint_dir(run_dir)} can be read ({failures[0]}"
-            f"{f'; and {len(failures) - 1} more' if len(failures) > 1 else ''}): restore a copy that reads, or move "
-            "them away to start this run over from step 0"
+            f"none of the {len(candidates)} checkpoints in {checkpoint_dir(run_dir)} can be read ({'; '.join(failures)}): "
+            "restore a copy that reads, or move them away to start this run over from step 0"
         )
     return None
 
@@ -225,13 +224,10 @@ def check_reachable(run_dir: Path, logged_step: int, first_checkpoint: int, last
 def check_same_model(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:
     """Refuse a checkpoint whose model config differs from the one this code would build.
 
-    Fields added since the checkpoint was written count at their defaults, which are what the
-    code that wrote it did (e.g. placement ``pre``).
+    Either is read as ModelConfig.from_dict reads them: an older checkpoint's layout, and fields added since it was
+    written at their defaults, which are what the code that wrote it did (e.g. placement ``pre``).
     """
-    saved = {**ModelConfig().to_dict(), **saved}
-    differences = {
-        k: (saved.get(k), current.get(k)) for k in current.keys() | saved.keys() if saved.get(k) != current.get(k)
-    }
+    differences = config_differences(ModelConfig.from_dict(saved), ModelConfig.from_dict(current))
     if differences:
         listed = "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(differences.items()))
         raise CheckpointError(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from norms.registry import resolve
+from model.registry import resolve
 from training.errors import NormlabError
 
 

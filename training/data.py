@@ -1,4 +1,7 @@
-"""One call from the ``data`` config to (tokenizer, training batches, fixed validation windows).
+"""From the ``data`` config to the tokenizer, training batches and fixed validation windows, in two steps:
+``open_corpus`` (the splits, read lazily, and the tokenizer: a BPE trained on the training split and cached, or a
+given one), then ``tokenize`` (the token arrays, cached). A run builds its model between the two, once the
+tokenizer fixes its vocabulary and before the corpus is tokenized; ``build_data`` does both.
 
 ``build_validation`` gives eval.py the validation windows alone, with the checkpoint's tokenizer.
 """
@@ -14,7 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from training.batches import TrainBatches, heldout_windows, validation_windows
-from training.corpus import load_splits
+from training.corpus import Split, load_splits
 from training.token_cache import token_array
 from training.tokenizer import get_tokenizer, token_byte_lengths
 
@@ -46,16 +49,35 @@ def _validation(val_split, tokenizer: Tokenizer, data_cfg, seq_len: int, cache_d
     return windows, torch.tensor(token_byte_lengths(tokenizer), dtype=torch.float64), heldout
 
 
-def build_data(data_cfg, seq_len: int, global_batch: int, seed: int, tokenizer: Tokenizer | None = None) -> Data:
-    """``tokenizer``: a given one (train.init_from's source's) instead of the one ``data.tokenizer`` names."""
-    cache_dir = _cache_dir(data_cfg)
+@dataclass
+class Corpus:
+    """The splits (their documents read when iterated) and the tokenizer that reads them."""
+
+    train: Split
+    val: Split
+    tokenizer: Tokenizer
+
+
+def open_corpus(data_cfg, tokenizer: Tokenizer | None = None) -> Corpus:
+    """The corpus ``data_cfg`` names; ``tokenizer``: a given one (train.init_from's source's) instead of the one
+    ``data.tokenizer`` names."""
     train_split, val_split = load_splits(data_cfg)
-    tokenizer = tokenizer or get_tokenizer(data_cfg, train_split, cache_dir)
-    train_tokens = token_array(train_split, tokenizer, cache_dir, f"{data_cfg.name}-train")
-    val, token_bytes, heldout = _validation(val_split, tokenizer, data_cfg, seq_len, cache_dir)
+    return Corpus(train_split, val_split, tokenizer or get_tokenizer(data_cfg, train_split, _cache_dir(data_cfg)))
+
+
+def tokenize(corpus: Corpus, data_cfg, seq_len: int, global_batch: int, seed: int) -> Data:
+    """The corpus as token arrays (cached): training batches and the fixed validation (and held-out) windows."""
+    cache_dir = _cache_dir(data_cfg)
+    train_tokens = token_array(corpus.train, corpus.tokenizer, cache_dir, f"{data_cfg.name}-train")
+    val, token_bytes, heldout = _validation(corpus.val, corpus.tokenizer, data_cfg, seq_len, cache_dir)
     batches = TrainBatches(train_tokens, seq_len, global_batch, seed)
-    fingerprint = {"train": train_split.fingerprint, "val": val_split.fingerprint}
-    return Data(tokenizer, batches, val, token_bytes, heldout, fingerprint)
+    fingerprint = {"train": corpus.train.fingerprint, "val": corpus.val.fingerprint}
+    return Data(corpus.tokenizer, batches, val, token_bytes, heldout, fingerprint)
+
+
+def build_data(data_cfg, seq_len: int, global_batch: int, seed: int, tokenizer: Tokenizer | None = None) -> Data:
+    """``open_corpus`` then ``tokenize``."""
+    return tokenize(open_corpus(data_cfg, tokenizer), data_cfg, seq_len, global_batch, seed)
 
 
 def build_validation(data_cfg, seq_len: int, tokenizer: Tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:

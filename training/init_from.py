@@ -23,15 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from model import ModelConfig, build_model
-from model.config import config_key
+from model import ModelConfig
+from model.config import ModelShape, NormConfig, NormOptions, NormRoles
 from model.from_state import model_config_of
 from training.checkpoint import CheckpointError, list_checkpoints
-from training.config import ConfigError, NormOptions, build_model_config, default_config, plain
+from training.config import Config, ConfigError, default_config, set_value, value_at
 from training.run_record import find_record
 from training.sharded_checkpoint import read_checkpoint
 from training.tokenizer import get_tokenizer, read_tokenizer_file
@@ -40,13 +38,10 @@ log = logging.getLogger("normlab.train")
 # Fields a difference in which makes the same shapes compute another function.
 SAME_FUNCTION = ("n_heads", "n_kv_heads", "head_dim", "rope_theta", "rope_scaling")
 NORM_OPTIONS = tuple(f"norm.{f.name}" for f in dataclasses.fields(NormOptions))
-# Each ModelConfig field's config key, the norm's options one key each; the embedding rows are the run's own
-# (its tokenizer's, which is the source's).
+# The model and norm groups' keys; the embedding rows are the run's own (its tokenizer's, which is the source's).
 ARCHITECTURE_KEYS = tuple(
-    key
-    for f in dataclasses.fields(ModelConfig)
-    if f.name != "vocab_size"
-    for key in (NORM_OPTIONS if f.name == "norm_options" else [config_key(f)])
+    [f"model.{f.name}" for f in dataclasses.fields(ModelShape) if f.name != "vocab_size"]
+    + [f"norm.{f.name}" for f in dataclasses.fields(NormConfig)]
 )
 TRAINING_KEYS = ("train.seq_len",)  # an imported model's context can be far longer than one trains at
 
@@ -59,11 +54,11 @@ class Source:
     path: Path
     tokenizer: Tokenizer
     architecture: dict[str, Any]
-    model_config: dict[str, Any] | None = None
+    model_config: ModelConfig | None = None
     state: dict[str, Any] | None = None
 
 
-def user_keys(cfg: DictConfig, overrides: list[str]) -> set[str]:
+def user_keys(cfg: Config, overrides: list[str]) -> set[str]:
     """The architecture and training keys the user set: named in ``overrides`` (the command line's; choosing a
     model group names all its keys), or composed to another value than the default config's (a norm group's
     options, an experiment's settings)."""
@@ -80,12 +75,12 @@ def user_keys(cfg: DictConfig, overrides: list[str]) -> set[str]:
     for key in (*ARCHITECTURE_KEYS, *TRAINING_KEYS):
         if key in named or any(key.startswith(k + ".") or k.startswith(key + ".") for k in named):
             named.add(key)
-        elif OmegaConf.select(cfg, key) != OmegaConf.select(defaults, key):
+        elif value_at(cfg, key) != value_at(defaults, key):
             named.add(key)
     return named & {*ARCHITECTURE_KEYS, *TRAINING_KEYS}
 
 
-def read_source(cfg: DictConfig, run_dir: Path, keys_set: set[str]) -> Source:
+def read_source(cfg: Config, run_dir: Path, keys_set: set[str]) -> Source:
     """The source of ``cfg.train.init_from`` for the run in ``run_dir``. A run that has a checkpoint resumes from
     it: its tokenizer is its own and its architecture what its record says came from the source (the source is
     not read). Otherwise the checkpoint the record names (a restart) or the source's newest readable one is read,
@@ -115,49 +110,46 @@ def read_source(cfg: DictConfig, run_dir: Path, keys_set: set[str]) -> Source:
             f"data.tokenizer={cfg.data.tokenizer} is not the tokenizer of train.init_from={cfg.train.init_from}, "
             "whose embeddings are its tokens': leave data.tokenizer unset (the source's is used)"
         )
-    try:  # fields added since the source was written count at their defaults, which is what its code did
-        saved = model_config_of({**ModelConfig().to_dict(), **state["model_config"]}, str(path)).to_dict()
+    try:
+        saved = model_config_of(state["model_config"], str(path))
     except ValueError as err:
         raise CheckpointError(str(err)) from None
     taken = architecture(saved, state.get("config") or {}, keys_set)
     return Source(path, tokenizer, taken, saved, state)
 
 
-def architecture(saved: dict[str, Any], run_config: dict, keys_set: set[str]) -> dict[str, Any]:
-    """The config values a run takes from a source whose model config is ``saved`` and whose record is
-    ``run_config``: every key that ``keys_set`` does not name; the norm's options and per-role options only
-    where the norm type is the source's (another type has options of its own)."""
-    values = {config_key(f): saved[f.name] for f in dataclasses.fields(ModelConfig) if f.name != "norm_options"}
-    values |= {key: saved["norm_options"].get(key.removeprefix("norm.")) for key in NORM_OPTIONS}
+def architecture(saved: ModelConfig, run_config: dict, keys_set: set[str]) -> dict[str, Any]:
+    """The config values (plain, as the record keeps them) a run takes from a source whose model config is
+    ``saved`` and whose record is ``run_config``: every key that ``keys_set`` does not name; the norm's options
+    and per-role options only where the norm type is the source's (another type has options of its own)."""
+    values = {key: value_at(saved, key.removeprefix("model.")) for key in ARCHITECTURE_KEYS}
+    values["norm.roles"] = saved.norm.role_options()
     values |= {key: (run_config.get("train") or {}).get(key.removeprefix("train.")) for key in TRAINING_KEYS}
     theirs = "norm.name" not in keys_set
     return {
-        key: plain(value)
+        key: value
         for key, value in values.items()
-        if key in (*ARCHITECTURE_KEYS, *TRAINING_KEYS)
-        and key not in keys_set
-        and (theirs or not (key in NORM_OPTIONS or key == "norm.roles"))
+        if key not in keys_set and (theirs or not (key in NORM_OPTIONS or key == "norm.roles"))
     }
 
 
-def adopt(cfg: DictConfig, source: Source) -> None:
-    """Set the values the run takes from its source in ``cfg`` (a mapping merged into its node, whose other keys
-    are at their defaults: the user set none of them)."""
+def adopt(cfg: Config, source: Source) -> None:
+    """Set the values the run takes from its source in ``cfg``."""
     for key, value in source.architecture.items():
-        OmegaConf.update(cfg, key, value, merge=isinstance(value, dict))
+        if key == "norm.roles":  # the roles that are set, as the record keeps them
+            value = NormRoles(**{role: NormOptions(**options) for role, options in value.items()})
+        set_value(cfg, key, value)
 
 
-def check_same_function(cfg: DictConfig, source: Source) -> None:
+def check_same_function(model, source: Source) -> None:
     """Refuse, before any data is read, a model that none of the source's tensors fits, and one into whose
     attention the source's tensors would load with another head layout or RoPE (the same shapes, another
     function)."""
-    theirs = dict(source.model_config)
-    ours = build_model_config(cfg, source.tokenizer.get_vocab_size(), rows=theirs["vocab_size"])
-    with torch.device("meta"):
-        shapes = {name: tuple(t.shape) for name, t in build_model(ours).state_dict().items()}
+    ours, theirs = model.cfg, source.model_config
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     fits = [name for name, tensor in source.state["model"].items() if shapes.get(name) == tuple(tensor.shape)]
     if not fits:
-        settings = " ".join(f"model.{k}={theirs[k]}" for k in ("d_model", "n_layers", "mlp_hidden"))
+        settings = " ".join(f"model.{k}={getattr(theirs, k)}" for k in ("d_model", "n_layers", "mlp_hidden"))
         raise ConfigError(
             f"train.init_from={source.path}: none of its tensors fits this model (another size); leave the model's "
             f"size unset to take the source's ({settings})"
@@ -165,7 +157,7 @@ def check_same_function(cfg: DictConfig, source: Source) -> None:
     if not any(".attn." in name for name in fits):
         return
     for name in SAME_FUNCTION:
-        mine, its = getattr(ours, name), getattr(ModelConfig(**theirs), name)
+        mine, its = getattr(ours, name), getattr(theirs, name)
         if mine != its:
             key = "model.head_size" if name == "head_dim" else f"model.{name}"
             raise ConfigError(
@@ -191,7 +183,7 @@ def load_weights(model, source: Source) -> dict[str, Any]:
         "new": sorted(name for name in ours if name not in matched),
         "unused": sorted(name for name in theirs if name not in matched),
     }
-    context = source.model_config["max_seq_len"]
+    context = source.model_config.max_seq_len
     if model.cfg.max_seq_len != context:
         record["context"] = {"source": context, "run": model.cfg.max_seq_len}
         log.warning("the source was trained for %d positions, this run's model.max_seq_len is %d", context,

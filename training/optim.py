@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from norms.registry import resolve
+from model.registry import resolve
 
 WEIGHT_DECAY_MODES = ("coupled", "independent")
 # train.optimizer -> the class, built as cls(model, train_cfg, device)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from norms.registry import resolve
+from model.registry import resolve
 from training.distributed import Distributed
 
 PostStepHook = Callable[[], dict[str, float]]
@@ -25,7 +25,7 @@ def post_step_hooks(model: nn.Module, train_cfg, dist: Distributed) -> list[Post
     """The model's hooks, then each set option's, in that order."""
     hooks = list(model.post_step_hooks())
     for key, path in OPTION_HOOKS.items():
-        value = train_cfg[key]
+        value = getattr(train_cfg, key)
         if value is not None:
             hooks.append(resolve(path)(model, value, dist))
     return hooks

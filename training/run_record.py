@@ -56,6 +56,7 @@ FREE_KEYS = (
     "train.global_batch_tokens",
     "train.precision",  # compared resolved, as runtime.precision
     "train.parallel",  # like the process count: FSDP's losses are DDP's to float rounding (tests/e2e/test_fsdp.py)
+    "model.vocab_size",  # the embedding rows are compared as the checkpoint's model config (runtime.vocab_size)
 )
 RESOLVED_RUNTIME_KEYS = ("precision", "global_batch_tokens")
 # Keys that records written by older code carry and the schema no longer has: a study's claims and

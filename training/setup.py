@@ -1,20 +1,21 @@
 """Everything a training run needs, built once from its config: ``build_run(cfg, run_dir, ...)``.
 
-The order is the order in which things can fail: the config's choices first (no data loaded,
-nothing written), then the run's identity against its directory, the data, the model and its
-optimizer (restored from the newest checkpoint), and last the record and the loggers, on rank 0.
-A run with nothing left to do (finished, or diverged: its result) gives ``None``.
+The order is the order in which things can fail: the config's choices first (nothing read, nothing written),
+then the run's identity against its directory, the model (built once, drawn from the run's seed, for the
+tokenizer the run will have) and its hooks, before any data is read; then the corpus and its tokenizer, the
+token arrays, the optimizer (restored from the newest checkpoint), and last the record and the loggers, on rank
+0. A run with nothing left to do (finished, or diverged: its result) gives ``None``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import ModelConfig, Transformer, build_model
@@ -30,9 +31,9 @@ from training.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from training.config import Config, ConfigError, build_model_config, check_config
+from training.config import Config, ConfigError, check_config, model_config, run_label
 from training.cpu_threads import use_thread_share
-from training.data import Data, build_data
+from training.data import Data, open_corpus, tokenize
 from training.distributed import Distributed
 from training.loggers import Loggers, open_loggers
 from training.metrics_file import diverged_step, read_metrics
@@ -43,6 +44,7 @@ from training.probes import Probe, resolve_probe
 from training.run_record import check_resume, check_same_data
 from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
 from training.throughput import PeakFlops, ThroughputMeter, peak_flops
+from training.tokenizer import get_tokenizer, read_tokenizer_file
 
 log = logging.getLogger("normlab.train")
 
@@ -69,7 +71,7 @@ class TrainingRun:
     """Everything the loop in train.py reads: the config and its checked settings, the data, the model in
     its three views, the optimizer where the run resumes, the hooks after each step, and where the run's metrics go."""
 
-    cfg: DictConfig
+    cfg: Config
     run_dir: Path
     device: torch.device
     dist: Distributed
@@ -118,7 +120,7 @@ class TrainingRun:
         return save_checkpoint(self.run_dir, state, keep, self.unreadable)
 
 
-def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -> RunSettings:
+def resolve_settings(cfg: Config, dist: Distributed, device: torch.device) -> RunSettings:
     """The config's choices checked before any data loads; a bad one raises ConfigError naming its key."""
     try:
         precision = resolve_precision(cfg.train.precision, device)
@@ -133,26 +135,23 @@ def resolve_settings(cfg: DictConfig, dist: Distributed, device: torch.device) -
         from training.fsdp import check_config
 
         check_config(cfg)
-    try:  # the model on the meta device (no memory, no data): a bad norm choice fails here, first
-        with torch.device("meta"):
-            post_step_hooks(build_model(build_model_config(cfg, cfg.data.vocab_size)), cfg.train, dist)
+    try:
         probes = [resolve_probe(name) for name in cfg.train.probes]
     except ValueError as err:
-        raise ConfigError(f"model/norm config: {err}") from err
+        raise ConfigError(f"train.probes: {err}") from err
     return RunSettings(precision, cpu_threads, threads_why, seq_len, global_batch, accum, probes)
 
 
-def check_run_identity(cfg: DictConfig, run_dir: Path, settings: RunSettings) -> dict | None:
+def check_run_identity(cfg: Config, run_dir: Path, settings: RunSettings) -> dict | None:
     """Refuse to train in ``run_dir`` if it holds a run of another configuration (before anything is written).
 
     Returns None for a new run, else the entry that the resume will add to the run's record.
     """
     config = {
-        **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        **dataclasses.asdict(cfg),
         "runtime": {"precision": settings.precision, "global_batch_tokens": settings.tokens_per_step},
     }
-    schema_defaults = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
-    return check_resume(run_dir, config, schema_defaults, list(cfg.resume_with_changes))
+    return check_resume(run_dir, config, dataclasses.asdict(Config()), list(cfg.resume_with_changes))
 
 
 def command_line_overrides() -> list[str]:
@@ -172,24 +171,46 @@ def configure_device(device: torch.device) -> None:
         flush_denormals()
 
 
-def load_data(cfg: DictConfig, settings: RunSettings, dist: Distributed, tokenizer=None) -> Data:
-    """Each node's first process fills the caches (tokenizer, token arrays); the others then read them."""
+def checked_hooks(model: Transformer, cfg: Config, dist: Distributed) -> list[PostStepHook]:
+    """The post-step hooks of the model and the training options; one that refuses the model names the fix."""
+    try:
+        return post_step_hooks(model, cfg.train, dist)
+    except ValueError as err:
+        raise ConfigError(f"model/norm config: {err}") from err
+
+
+def node_first(dist: Distributed, fill):
+    """``fill()`` in each node's first process, then in the others, which read the caches it filled."""
     if dist.local_rank != 0:
         dist.barrier()
-    data = build_data(cfg.data, settings.seq_len, settings.global_batch, cfg.seed, tokenizer)
+    filled = fill()
     if dist.local_rank == 0:
         dist.barrier()
-    return data
+    return filled
+
+
+def known_vocab_size(cfg: Config, run_dir: Path, source) -> int:
+    """The tokenizer's size as known before the corpus is read: the source's or the run's own tokenizer, a
+    tokenizer file's, else the size a BPE is asked for (data.vocab_size; build_run builds the model again in the
+    rare case that the corpus gives a BPE fewer tokens)."""
+    if source is not None:
+        return source.tokenizer.get_vocab_size()
+    own = Path(run_dir) / "tokenizer.json"
+    if own.is_file():
+        return read_tokenizer_file(own, "the run", "restore the tokenizer.json it was trained with").get_vocab_size()
+    if cfg.data.tokenizer != "bpe":
+        return get_tokenizer(cfg.data, None, None).get_vocab_size()
+    return cfg.data.vocab_size
 
 
 def seeded_model(
-    cfg: DictConfig, data: Data, device: torch.device, rows: int | None
+    cfg: Config, vocab_size: int, device: torch.device, rows: int | None
 ) -> tuple[Transformer, ModelConfig]:
     """The model, drawn from the run's seed: runs of one seed start from the same weights whatever the norm.
-    ``rows``: the embedding rows of the checkpoint it resumes or starts from (build_model_config)."""
+    ``rows``: the embedding rows of the checkpoint it resumes or starts from (training/config.py model_config)."""
     seed_everything(cfg.seed)
     try:
-        model_cfg = build_model_config(cfg, data.tokenizer.get_vocab_size(), rows)
+        model_cfg = model_config(cfg, vocab_size, rows)
         model = build_model(model_cfg).to("cpu" if cfg.train.parallel == "fsdp" else device)  # FSDP moves shards
     except ValueError as err:  # a bad model shape or norm option
         raise ConfigError(f"model/norm config: {err}") from err
@@ -202,7 +223,7 @@ def restore(
     optimizer,
     model_cfg: ModelConfig,
     data: Data,
-    cfg: DictConfig,
+    cfg: Config,
     dist: Distributed,
     unreadable: set[Path],
 ):
@@ -267,15 +288,15 @@ def runtime_record(
     }
 
 
-def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distributed) -> TrainingRun | None:
+def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distributed) -> TrainingRun | None:
     """The run ``cfg`` describes in ``run_dir``, resumed where it stopped; None when nothing is left to train."""
     source = init_record = None
     if cfg.train.init_from:  # a new run with another's architecture, weights and tokenizer (training/init_from.py)
         from training import init_from
 
         source = init_from.read_source(cfg, run_dir, init_from.user_keys(cfg, command_line_overrides()))
-        OmegaConf.update(cfg, "run_name", cfg.run_name)  # the name it was given, before its label changes
         init_from.adopt(cfg, source)
+        cfg.variant = run_label(cfg)  # what it trains; the run keeps the name it was given
         check_config(cfg)  # the source's values beside the user's
     settings = resolve_settings(cfg, dist, device)
     configure_device(device)
@@ -289,21 +310,27 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
         logged = max((row["step"] for row in rows), default=0)
         tcfg = cfg.train
         check_reachable(run_dir, logged, min(tcfg.checkpoint_every, tcfg.max_steps), tcfg.max_steps)
-    if source is not None and source.state is not None:  # before any data is read
-        init_from.check_same_function(cfg, source)
-    data = load_data(cfg, settings, dist, source and source.tokenizer)
-    if resume_entry is not None:
-        check_same_data(resume_entry, data.fingerprint, run_dir)
     rows = None  # the embedding rows of the run it resumes, or of the checkpoint it starts from
     if resume_entry is not None:
         rows = resume_entry["vocab_size"]
     elif source is not None and source.model_config is not None:
-        rows = source.model_config["vocab_size"]
-    model, model_cfg = seeded_model(cfg, data, device, rows)
+        rows = source.model_config.vocab_size
+    # The model before any data is read (a bad design choice fails first), for the tokenizer the run will have
+    model, model_cfg = seeded_model(cfg, known_vocab_size(cfg, run_dir, source), device, rows)
     if source is not None and source.state is not None:  # before the hooks, which may set the model up
+        init_from.check_same_function(model, source)
         init_record = init_from.load_weights(model, source)
-        source = None  # the source's tensors are freed
-    hooks = post_step_hooks(model, cfg.train, dist)  # before compiling and sharding: a hook may set the model up
+    hooks = checked_hooks(model, cfg, dist)  # before compiling and sharding: a hook may set the model up
+    corpus = node_first(dist, lambda: open_corpus(cfg.data, source and source.tokenizer))  # the BPE, cached
+    source = None  # the source's tensors are freed
+    if resume_entry is not None:
+        check_same_data(resume_entry, {"train": corpus.train.fingerprint, "val": corpus.val.fingerprint}, run_dir)
+    learned = model_config(cfg, corpus.tokenizer.get_vocab_size(), rows)
+    if learned.vocab_size != model_cfg.vocab_size:  # a BPE that learned fewer tokens than data.vocab_size asked
+        log.info("the tokenizer has %d tokens: the model is built again for them", corpus.tokenizer.get_vocab_size())
+        model, model_cfg = seeded_model(cfg, corpus.tokenizer.get_vocab_size(), device, rows)
+        hooks = checked_hooks(model, cfg, dist)
+    data = node_first(dist, lambda: tokenize(corpus, cfg.data, settings.seq_len, settings.global_batch, cfg.seed))
     use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
     if cfg.train.parallel == "fsdp":  # in place, the blocks compiled first when compiling (training/fsdp.py)
         from training.fsdp import shard
@@ -325,7 +352,7 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     runtime = runtime_record(model, settings, device, dist, use_compile, peak, optimizer, data.fingerprint)
     if init_record is not None:
         runtime["init_from"] = init_record
-    run_config = {**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "runtime": runtime}
+    run_config = {**dataclasses.asdict(cfg), "runtime": runtime}
     loggers = Loggers([])
     if dist.is_main:
         if resume_entry is not None:
@@ -357,7 +384,7 @@ def build_run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Distri
     )
 
 
-def log_start(cfg: DictConfig, runtime: dict, settings: RunSettings, device, dist, resumed_at: int | None) -> None:
+def log_start(cfg: Config, runtime: dict, settings: RunSettings, device, dist, resumed_at: int | None) -> None:
     log.info(
         "run %s: %s params, norm %s (%s), %s on %s x%d, %d tokens/step (accum %d), %d CPU threads (%s)%s",
         cfg.run_name,

@@ -15,9 +15,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from model.config import ModelConfig, config_key
-from model.registry import PLACEMENTS
-from norms.registry import resolve
+from model.assembly import placement_module
+from model.config import ModelShape, NormConfig, NormOptions
 
 Lookup = Callable[[str], Any]  # a dotted config key -> its value
 READ_BY_PARTS = ("norm.qk_axis", "norm.post_fraction")  # keys the parts read besides their own
@@ -27,9 +26,12 @@ Groups = tuple[tuple[str, type], ...]  # (group, its schema dataclass): the run 
 
 
 def switches(groups: Groups = ()) -> list[tuple[str, Any, dict]]:
-    """Every labelled field as (its config key, its default, its metadata), in label order: ModelConfig's (the
-    norm and model groups), then each of ``groups``' (training/config.py: the norm's options, the train group)."""
-    fields = [(config_key(f), f) for f in dataclasses.fields(ModelConfig)]
+    """Every labelled field as (its config key, its default, its metadata), in label order: the norm group's
+    structure, the model group's, then each of ``groups``' (training/config.py: the norm's options, the train
+    group)."""
+    options = {f.name for f in dataclasses.fields(NormOptions)}
+    fields = [(f"norm.{f.name}", f) for f in dataclasses.fields(NormConfig) if f.name not in options]
+    fields += [(f"model.{f.name}", f) for f in dataclasses.fields(ModelShape)]
     fields += [(f"{group}.{f.name}", f) for group, schema in groups for f in dataclasses.fields(schema)]
     return [(key, f.default, f.metadata) for key, f in fields if f.metadata.get("label")]
 
@@ -37,7 +39,7 @@ def switches(groups: Groups = ()) -> list[tuple[str, Any, dict]]:
 def _placement_part(placement: str, get: Lookup) -> str | None:
     if placement == "pre":
         return None
-    module = resolve(PLACEMENTS[placement].partition(":")[0])
+    module = placement_module(placement)
     return module.label(placement, get) if hasattr(module, "label") else str(placement)
 
 

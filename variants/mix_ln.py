@@ -9,7 +9,7 @@ from model.config import ModelConfig
 
 
 def mix_ln(cfg: ModelConfig) -> list[str]:
-    post = math.floor(cfg.post_fraction * cfg.n_layers)
+    post = math.floor(cfg.norm.post_fraction * cfg.n_layers)
     return ["post"] * post + ["pre"] * (cfg.n_layers - post)
 
 

@@ -14,6 +14,7 @@ d_model, queries and keys, and the hidden state. ``NormalizedTransformer`` is th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -72,8 +73,8 @@ class NGPTAttention(Attention):
         unsupported = {
             "model.attn_gate": cfg.attn_gate != "none",
             "model.attn_sink": cfg.attn_sink != "none",
-            "norm.v": cfg.v_norm is not None,
-            "norm.after_linear": cfg.after_linear_norm is not None,
+            "norm.v": cfg.norm.v is not None,
+            "norm.after_linear": cfg.norm.after_linear is not None,
         }
         for key, used in unsupported.items():
             if used:
@@ -81,7 +82,7 @@ class NGPTAttention(Attention):
         super().__init__(cfg, normed)
         if cfg.attn_softcap is not None:
             raise ValueError("nGPT's attention logits are bounded by its unit q and k: drop model.attn_softcap")
-        unit = ModelConfig(**{**cfg.to_dict(), "qk_norm": cfg.norm})  # q and k take the stream's L2 norm
+        unit = dataclasses.replace(cfg, norm=dataclasses.replace(cfg.norm, qk=cfg.norm.name))  # q, k: the L2 norm
         self.q_unit, self.k_unit = norm_for(unit, "q", cfg.head_dim), norm_for(unit, "k", cfg.head_dim)
         self.s_q = ScaledVector(cfg.n_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
         self.s_k = ScaledVector(cfg.n_kv_heads * cfg.head_dim, init=1.0, scale=base_scale(cfg))
@@ -139,8 +140,8 @@ class NGPTBlock(Block):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         if cfg.tie_embeddings:
             raise ValueError("nGPT has separate input and output embeddings: set model.tie_embeddings=false")
-        if cfg.qk_norm is not None:
-            raise ValueError(f"nGPT normalizes q and k itself: drop norm.qk={cfg.qk_norm}")
+        if cfg.norm.qk is not None:
+            raise ValueError(f"nGPT normalizes q and k itself: drop norm.qk={cfg.norm.qk}")
         super().__init__(cfg, layer)
         off_sphere = sorted({type(n).__name__ for n in self.modules() if isinstance(n, Norm) and not n.unit_sphere})
         if off_sphere:
@@ -166,16 +167,12 @@ class NormalizedTransformer(Transformer):
     kept unit-norm along d_model: at init, and after every optimizer step (``post_step_hooks``)."""
 
     on_sphere = True
+    layer_block = NGPTBlock  # every layer's (model/assembly.py)
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, blocks: tuple[type[Block], ...] | None = None) -> None:
+        super().__init__(cfg, blocks)
         # nGPT's logits are s_z * (h . w): unit h and unit w give cosines, which s_z scales (init 1)
         self.logit_scale = ScaledVector(cfg.vocab_size, 1.0, base_scale(cfg))
-
-    def placement_blocks(self) -> list[type[Block]]:
-        if self.cfg.layer_placements is not None:
-            raise ValueError("nGPT is a whole model: norm.layer_placements cannot mix ngpt with other placements")
-        return [NGPTBlock] * self.cfg.n_layers
 
     def reset_parameters(self) -> None:
         super().reset_parameters()

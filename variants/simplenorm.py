@@ -19,8 +19,8 @@ from model.norm_roles import norm_for
 
 
 def refusal(cfg: ModelConfig) -> str | None:
-    if cfg.qk_norm is not None or cfg.v_norm is not None:
-        roles = ", ".join(key for key, value in (("norm.qk", cfg.qk_norm), ("norm.v", cfg.v_norm)) if value)
+    if cfg.norm.qk is not None or cfg.norm.v is not None:
+        roles = ", ".join(key for key, value in (("norm.qk", cfg.norm.qk), ("norm.v", cfg.norm.v)) if value)
         return (
             f"norm.after_linear normalizes q, k and v after their projections, which {roles} normalizes again: "
             "drop one of them"
@@ -40,7 +40,7 @@ class SimpleNormAttention(Attention):
             )
         q_size, kv_size = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         for name, size in (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size), ("o_proj", cfg.d_model)):
-            setattr(self, f"{name}_norm", norm_for(cfg, name, size, cfg.after_linear_norm))
+            setattr(self, f"{name}_norm", norm_for(cfg, name, size, cfg.norm.after_linear))
 
     @property
     def normalizes_qk(self) -> bool:
@@ -59,9 +59,9 @@ class SimpleNormSwiGLU(SwiGLU):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.gate_proj_norm = norm_for(cfg, "gate_proj", cfg.hidden_dim, cfg.after_linear_norm)
-        self.up_proj_norm = norm_for(cfg, "up_proj", cfg.hidden_dim, cfg.after_linear_norm)
-        self.down_proj_norm = norm_for(cfg, "down_proj", cfg.d_model, cfg.after_linear_norm)
+        self.gate_proj_norm = norm_for(cfg, "gate_proj", cfg.hidden_dim, cfg.norm.after_linear)
+        self.up_proj_norm = norm_for(cfg, "up_proj", cfg.hidden_dim, cfg.norm.after_linear)
+        self.down_proj_norm = norm_for(cfg, "down_proj", cfg.d_model, cfg.norm.after_linear)
 
     def project_in(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = super().project_in(x)
@@ -77,7 +77,7 @@ class SimpleNormBlock(Block):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         if self.normalizes_branch_output or self.attention_norms:
             raise ValueError(
-                f"norm.after_linear normalizes every projection's output, which {type(self).__name__} normalizes "
+                f"norm.after_linear normalizes every projection's output, which {type(self).base_block().__name__} normalizes "
                 "again: use it with norm.placement=pre (SimpleGPT's blocks, whose input norm only adds a gain "
                 "there), post or deepnorm"
             )

@@ -12,7 +12,7 @@ from tiny_runs import compose_config, read_metrics, run_tiny
 
 from model import build_model
 from model.loss import fused_linear_cross_entropy
-from training.config import build_model_config
+from training.config import model_config
 from training.distributed import Distributed
 from training.runtime import should_compile
 from training.setup import resolve_settings
@@ -89,7 +89,7 @@ def test_the_gpu_recipes_compose_and_build(overrides):
     assert should_compile(cfg.train.compile, cuda, cfg.train.max_steps)
     assert settings.tokens_per_step == cfg.train.global_batch_tokens
     with torch.device("meta"):
-        model = build_model(build_model_config(cfg, cfg.data.vocab_size))
+        model = build_model(model_config(cfg, cfg.data.vocab_size))
     if cfg.model.name == "gpu_125m":  # counted by hand: tied embeddings, GQA 12/4 heads, SwiGLU hidden 2048
         d, vocab, layer = 768, 32768, 768 * (12 + 2 * 4) * 64 + 768 * 768 + 3 * 768 * 2048 + 2 * 768
         assert sum(p.numel() for p in model.parameters()) == vocab * d + 12 * layer + d

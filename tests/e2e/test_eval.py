@@ -24,7 +24,9 @@ def trained(tmp_path_factory):
 
 def eval_config(*overrides):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose("eval", overrides=["max_new_tokens=8", "num_samples=2", "batch_size=4", *overrides])
+        return eval_script.typed_eval_config(
+            compose("eval", overrides=["max_new_tokens=8", "num_samples=2", "batch_size=4", *overrides])
+        )
 
 
 def test_eval_reproduces_the_training_validation_loss(trained, tmp_path):
@@ -71,7 +73,9 @@ def test_checkpoint_that_does_not_match_the_code_is_refused(trained, tmp_path):
     state = load_checkpoint(trained / "rmsnorm")
     state["model_config"]["d_model"] = 32  # weights of a 64-wide model under a 32-wide config
     torch.save(state, tmp_path / "wrong.pt")
-    with pytest.raises(CheckpointError, match="does not match the model its config describes: it holds final_norm.weight of shape"):
+    with pytest.raises(
+        CheckpointError, match="does not match the model its config describes: it holds final_norm.weight of shape"
+    ):
         eval_script.run_eval(eval_config(f"checkpoint={tmp_path / 'wrong.pt'}"), tmp_path)
     state["model_config"]["d_model"] = 64
     state["model_config"]["future_option"] = True

@@ -1,5 +1,6 @@
 """scripts/export_hf.py on real checkpoints: transformers loads the folder and agrees with us."""
 
+import dataclasses
 import re
 import subprocess
 
@@ -42,7 +43,8 @@ def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, ca
     assert result.returncode == 0, result.stderr
 
     state = load_checkpoint(tmp_path / "run")
-    ours = Transformer(ModelConfig(**{**state["model_config"], "norm": "rmsnorm"})).eval()
+    saved = ModelConfig.from_dict(state["model_config"])
+    ours = Transformer(dataclasses.replace(saved, norm=dataclasses.replace(saved.norm, name="rmsnorm"))).eval()
     ours.load_state_dict(state["model"])
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(theirs).__name__.lower().startswith(variant.split()[0])
@@ -73,7 +75,7 @@ def test_folded_gains_export_as_ones_with_the_same_logits(tmp_path, cache_dir, e
     run_tiny(tmp_path / "run", cache_dir, 2, "norm=rmsnorm", "train.lr=0.03")  # gains that moved from one
     assert export_cli(tmp_path / "run", tmp_path / "hf", "--fold-gains").returncode == 0
     state = load_checkpoint(tmp_path / "run")
-    ours = Transformer(ModelConfig(**state["model_config"])).eval()
+    ours = Transformer(ModelConfig.from_dict(state["model_config"])).eval()
     ours.load_state_dict(state["model"])
     assert any((norm.weight - 1).abs().max() > 1e-3 for norm in ours.norm_modules().values())
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

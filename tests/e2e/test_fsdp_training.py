@@ -168,7 +168,9 @@ def test_eval_and_export_read_a_two_rank_checkpoint_in_one_process(tmp_path, run
     """eval.py and the export need no process group: the shards of both ranks are read whole."""
     sharded, whole, _ = runs
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("eval", overrides=[f"checkpoint={sharded}", "max_new_tokens=4", "num_samples=1"])
+        cfg = eval_script.typed_eval_config(
+            compose("eval", overrides=[f"checkpoint={sharded}", "max_new_tokens=4", "num_samples=1"])
+        )
     (result,) = eval_script.run_eval(cfg, tmp_path / "eval").values()
     assert result["checkpoint"].endswith("step_0000020.dcp")
     assert result["val/loss"] == pytest.approx(read_metrics(sharded)[-1]["val/loss"], rel=1e-6)  # the same windows

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 import eval as eval_script
 from analysis.runs import latest_eval, load_run
 from training.checkpoint import CheckpointError
-from training.config import Config, ConfigError, check_values
+from training.config import ConfigError, check_config
 from training.corpus import DataError
 from training.corpus_files import check_text
 from training.run_lock import discard_unused
@@ -61,7 +61,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize("override, message", BAD_VALUES)
 def test_a_value_out_of_its_range_is_refused_naming_the_key_and_the_rule(override, message):
     with pytest.raises(ConfigError) as refused:
-        check_values(compose_config("model=tiny", override), Config)
+        check_config(compose_config("model=tiny", override))
     assert str(refused.value) == message
 
 
@@ -165,7 +165,7 @@ def compose_eval(*overrides):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("eval", overrides=list(overrides))
+        return eval_script.typed_eval_config(compose("eval", overrides=list(overrides)))
 
 
 def test_readers_refuse_to_succeed_on_nothing(tmp_path, sweep, capsys):

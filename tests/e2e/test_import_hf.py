@@ -107,7 +107,7 @@ def hf_tensors(folder) -> dict[str, torch.Tensor]:
 
 def our_model(run_dir) -> Transformer:
     state = load_checkpoint(run_dir)
-    model = Transformer(ModelConfig(**state["model_config"])).eval()
+    model = Transformer(ModelConfig.from_dict(state["model_config"])).eval()
     model.load_state_dict(state["model"])
     return model
 
@@ -280,18 +280,20 @@ def test_eval_reads_the_imported_model_with_its_own_tokenizer(imported_llama, ll
     quantized and folded evaluations run."""
     run, _ = imported_llama
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(
-            "eval",
-            overrides=[
-                f"checkpoint={run}",
-                "data=kjv",
-                f"data.cache_dir={cache_dir}",
-                "data.val_windows=4",
-                "batch_size=4",
-                "max_new_tokens=4",
-                "quant=[w8a8]",
-                "fold_gains=true",
-            ],
+        cfg = eval_script.typed_eval_config(
+            compose(
+                "eval",
+                overrides=[
+                    f"checkpoint={run}",
+                    "data=kjv",
+                    f"data.cache_dir={cache_dir}",
+                    "data.val_windows=4",
+                    "batch_size=4",
+                    "max_new_tokens=4",
+                    "quant=[w8a8]",
+                    "fold_gains=true",
+                ],
+            )
         )
     (result,) = eval_script.run_eval(cfg, tmp_path).values()
 
@@ -334,9 +336,11 @@ PROBE_TEXT = "In the beginning God created the heaven and the earth."
 def eval_run(run, cache_dir, out_dir, *overrides) -> dict:
     """eval.py on ``run``'s own validation windows (kjv's, with the test's token cache); its one result."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(
-            "eval",
-            overrides=[f"checkpoint={run}", "data=kjv", f"data.cache_dir={cache_dir}", "num_samples=1", *overrides],
+        cfg = eval_script.typed_eval_config(
+            compose(
+                "eval",
+                overrides=[f"checkpoint={run}", "data=kjv", f"data.cache_dir={cache_dir}", "num_samples=1", *overrides],
+            )
         )
     (result,) = eval_script.run_eval(cfg, out_dir).values()
     return result

@@ -16,6 +16,7 @@ from tiny_runs import ROOT, read_metrics, run_tiny, train_here
 from training.checkpoint import list_checkpoints, load_checkpoint
 from training.errors import NormlabError
 from training.run_lock import LOCK_FILE
+from training.run_record import flatten
 
 transformers = pytest.importorskip("transformers")
 
@@ -108,13 +109,10 @@ def test_init_from_alone_fine_tunes_the_imported_architecture(imported, cache_di
     fine_tune(run, source, cache_dir, *norm)
     assert [row["step"] for row in read_metrics(run) if "train/loss" in row] == [1, 2, 3, 4]
     theirs, ours = load_checkpoint(source), load_checkpoint(run)
-    differs = {
-        k: (v, ours["model_config"][k]) for k, v in theirs["model_config"].items() if ours["model_config"][k] != v
-    }
-    assert differs == ({} if not norm else {
-        "norm": ("rmsnorm", "layernorm"),
-        "norm_options": (theirs["model_config"]["norm_options"], {"eps": 1e-5, "bias": True}),
-    })  # fmt: skip
+    their_config, our_config = (flatten(state["model_config"]) for state in (theirs, ours))
+    differs = {k: v for k, v in our_config.items() if their_config[k] != v}
+    layernorm = {"norm.name": "layernorm", "norm.eps": 1e-5, "norm.bias": True, "norm.cast_before_weight": None}
+    assert differs == ({} if not norm else {k: v for k, v in layernorm.items() if their_config[k] != v})
     record = init_record(run)
     assert record["step"] == 0 and record["unused"] == [] and record["source"].endswith("step_0000000.pt")
     assert record["architecture"]["model.d_model"] == 64 and record["architecture"]["train.seq_len"] == 64
@@ -206,10 +204,7 @@ def test_a_key_named_on_the_command_line_wins_even_at_its_default_value(imported
                f"data.cache_dir={cache_dir}", *FINE_TUNE, f"hydra.run.dir={run}"]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    model_config = load_checkpoint(run)["model_config"]
-    assert model_config["placement"] == "pre" and (model_config["qk_norm"], model_config["qk_axis"]) == (
-        "rmsnorm",
-        "all",
-    )
+    norm = load_checkpoint(run)["model_config"]["norm"]
+    assert (norm["placement"], norm["qk"], norm["qk_axis"]) == ("pre", "rmsnorm", "all")
     architecture = init_record(run)["architecture"]
     assert "norm.placement" not in architecture and architecture["norm.qk_axis"] == "all"

@@ -20,7 +20,9 @@ def evaluated(tmp_path_factory):
         for seed in (0, 1):
             run_tiny(runs / f"{norm}-s{seed}", cache, 4, f"norm={norm}", f"seed={seed}")
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("eval", overrides=[f"checkpoint={runs}/*", "quant=[w8a8,w8a8_tensor,w4a16,fp8]", "num_samples=1"])
+        cfg = eval_script.typed_eval_config(
+            compose("eval", overrides=[f"checkpoint={runs}/*", "quant=[w8a8,w8a8_tensor,w4a16,fp8]", "num_samples=1"])
+        )
     eval_script.run_eval(cfg, tmp_path_factory.mktemp("eval"))
     return runs
 

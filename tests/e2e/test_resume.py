@@ -115,7 +115,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, cache_dir):
         run_tiny(tmp_path, cache_dir, 2, "model.d_model=32")
     with pytest.raises(CheckpointError, match=r"another model config \(d_model: checkpoint 64 vs config 32\)"):
         run_tiny(tmp_path, cache_dir, 2, "model.d_model=32", "resume_with_changes=[model.d_model]")
-    with pytest.raises(CheckpointError, match="norm: checkpoint 'rmsnorm' vs config 'layernorm'"):
+    with pytest.raises(CheckpointError, match="norm.name: checkpoint 'rmsnorm' vs config 'layernorm'"):
         run_tiny(tmp_path, cache_dir, 2, "norm=layernorm", "resume_with_changes=[norm.name,norm.bias,norm.eps]")
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # nothing written was lost
 

@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from tiny_runs import CONFIG_DIR, ROOT, read_metrics, run_tiny, tiny_overrides
 
 import eval as eval_script
+from model.config import FLAT_NORM_FIELDS
 from training.checkpoint import CheckpointError, UnsafeCheckpointError, list_checkpoints, load_checkpoint
 from training.optim import lr_at
 from training.run_lock import RunLock
@@ -239,7 +240,9 @@ def test_a_damaged_sharded_checkpoint_falls_back_to_the_previous_one_with_one_wa
     # eval.py and the export read a run directory the same way: the newest checkpoint that reads.
     _damage(run_dir / "checkpoints" / "step_0000004.dcp" / ".metadata")
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("eval", overrides=[f"checkpoint={run_dir}", "max_new_tokens=2", "num_samples=1", "logger=none"])
+        cfg = eval_script.typed_eval_config(
+            compose("eval", overrides=[f"checkpoint={run_dir}", "max_new_tokens=2", "num_samples=1", "logger=none"])
+        )
     (result,) = eval_script.run_eval(cfg, tmp_path / "eval").values()
     assert result["checkpoint"].endswith("step_0000002.dcp")
     assert export_hf.main([str(run_dir), str(tmp_path / "hf")]) == 0
@@ -289,6 +292,15 @@ def _as_before_the_design_space(config):
     config["runtime"]["resumed_from"] = None
 
 
+def _in_the_flat_layout(model_config: dict) -> dict:
+    """A model config as checkpoints stored it before its norm fields were grouped (model/config.py from_dict)."""
+    norm = dict(model_config["norm"])
+    flat = {old: norm.pop(new) for old, new in FLAT_NORM_FIELDS.items()}
+    return {**model_config, **flat, "norm_role_options": norm.pop("roles"), "norm_options": {
+        k: v for k, v in norm.items() if v is not None
+    }}  # fmt: skip
+
+
 def test_a_checkpoint_in_the_previous_format_resumes_and_evaluates_exactly(tmp_path, cache_dir):
     """Before this round, checkpoints held NumPy's RNG state as an array and knew no design-space keys."""
     reference, old = tmp_path / "reference", tmp_path / "old"
@@ -305,6 +317,7 @@ def test_a_checkpoint_in_the_previous_format_resumes_and_evaluates_exactly(tmp_p
         numpy_state["cached_gaussian"],
     )
     _as_before_the_design_space(state["config"])
+    state["model_config"] = _in_the_flat_layout(state["model_config"])
     for key in ("placement", "qk_norm", "qk_axis", "norm_role_options"):
         state["model_config"].pop(key)
     torch.save(state, old / "checkpoints" / "step_0000002.pt")
@@ -327,4 +340,6 @@ def test_a_checkpoint_in_the_previous_format_resumes_and_evaluates_exactly(tmp_p
 
 def eval_script_config():
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose("eval", overrides=["checkpoint=unused", "logger=none", "num_samples=1", "max_new_tokens=2"])
+        return eval_script.typed_eval_config(
+            compose("eval", overrides=["checkpoint=unused", "logger=none", "num_samples=1", "max_new_tokens=2"])
+        )

@@ -1,12 +1,12 @@
 """The stability study's sweep mechanics: one command, resumable, divergence recorded as a result."""
 
+import dataclasses
 import os
 import subprocess
 import sys
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 from tiny_runs import ROOT, compose_config, read_metrics, tiny_overrides
 
 from analysis.study import matches
@@ -120,7 +120,7 @@ def claim_arm_labels(spec) -> set[str]:
     labels = set()
     for path in (ROOT / "configs" / "variant").glob("*.yaml"):
         cfg = compose_config(f"+variant={path.stem}")
-        flat = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+        flat = flatten(dataclasses.asdict(cfg))
         if any(matches(flat.__getitem__, fields) for claim in spec.claims for fields in (claim.arm, claim.against)):
             labels.add(cfg.variant)
     return labels

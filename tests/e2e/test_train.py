@@ -17,10 +17,10 @@ from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrid
 import model.transformer as transformer_module
 import training.setup as training_setup
 from analysis.unigram import compute_unigram_val_loss
-from model import Transformer
+from model import NormConfig, Transformer
 from norms import NORM_NAMES, build_norm
 from training.checkpoint import load_checkpoint
-from training.config import ConfigError, build_model_config, run_name_keys
+from training.config import ConfigError, model_config, run_name_keys
 from training.nonfinite import TrainingDiverged
 from training.optim import build_optimizer, lr_at
 from training.run_record import overrides_tag
@@ -76,7 +76,7 @@ def test_runs_differing_only_in_norm_start_from_the_same_weights(cache_dir):
     for norm in ("rmsnorm", "layernorm"):
         cfg = compose_config(*tiny_overrides(cache_dir, 1, f"norm={norm}"))
         torch.manual_seed(cfg.seed)
-        model_cfg = build_model_config(cfg, 4096)
+        model_cfg = model_config(cfg, 4096)
         states[norm] = {k: v for k, v in Transformer(model_cfg).state_dict().items() if "norm" not in k}
     assert all(torch.equal(states["rmsnorm"][k], states["layernorm"][k]) for k in states["rmsnorm"])
 
@@ -279,7 +279,7 @@ def test_dyt_runs_log_saturation_and_role_alphas(tmp_path, cache_dir):
     last = read_metrics(tmp_path)[-1]
     assert 0.0 <= last["act/layers.0.attn_norm/saturated"] <= 1.0
     state = load_checkpoint(tmp_path)
-    assert state["model_config"]["norm_role_options"] == {"attn_in": {"alpha_init": 0.8}}
+    assert state["model_config"]["norm"]["roles"] == {"attn_in": {"alpha_init": 0.8}}
     assert state["model"]["layers.0.attn_norm.alpha"].item() == pytest.approx(0.8, abs=0.05)
 
 
@@ -306,7 +306,7 @@ def test_bad_design_choices_fail_before_the_data_is_loaded(override, message, tm
     def no_data(*args, **kwargs):
         raise AssertionError("the data was loaded before the config was checked")
 
-    monkeypatch.setattr(training_setup, "build_data", no_data)
+    monkeypatch.setattr(training_setup, "open_corpus", no_data)
     with pytest.raises(ConfigError, match=message):
         run_tiny(tmp_path, str(tmp_path / "cache"), 1, *override.split())
     assert not (tmp_path / "config.yaml").exists()
@@ -359,7 +359,9 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
 def test_weight_decay_only_on_matrices():
     from model import ModelConfig, Transformer
 
-    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, norm="layernorm"))
+    model = Transformer(
+        ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, norm=NormConfig(name="layernorm"))
+    )
     cfg = SimpleNamespace(
         optimizer="adamw", weight_decay=0.1, weight_decay_mode="coupled", decay_norms_and_embeddings=False, lr=1e-3,
         beta1=0.9, beta2=0.95,

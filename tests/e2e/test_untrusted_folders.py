@@ -162,7 +162,9 @@ def eval_config(*overrides):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("eval", overrides=[*overrides, "max_new_tokens=2", "num_samples=1"])
+        return eval_script.typed_eval_config(
+            compose("eval", overrides=[*overrides, "max_new_tokens=2", "num_samples=1"])
+        )
 
 
 # --- an export target is someone's data ---------------------------------------------------------------------

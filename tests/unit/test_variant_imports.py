@@ -19,7 +19,7 @@ BUILD = """
 import json, sys, torch
 from hydra import compose, initialize_config_dir
 from model import build_model
-from training.config import build_model_config, register_configs
+from training.config import model_config, register_configs, typed_config
 from training.distributed import Distributed
 from training.optim import build_optimizer
 from training.post_step import post_step_hooks
@@ -29,8 +29,8 @@ with initialize_config_dir(config_dir=sys.argv[1], version_base=None):
     for override in sys.argv[2:]:
         for name in [m for m in sys.modules if m == "variants" or m.startswith("variants.")]:
             del sys.modules[name]
-        cfg = compose("config", overrides=[override, "model=tiny", "logger=none"])
-        model = build_model(build_model_config(cfg, 512))
+        cfg = typed_config(compose("config", overrides=[override, "model=tiny", "logger=none"]))
+        model = build_model(model_config(cfg, 512))
         post_step_hooks(model, cfg.train, Distributed())
         build_optimizer(model, cfg.train, torch.device("cpu"))
         loaded[override] = sorted(m for m in sys.modules if m.startswith("variants."))

@@ -15,7 +15,7 @@ import time
 import torch
 from torch import nn
 
-from norms.registry import resolve
+from model.registry import resolve
 from training.post_step import OPTION_HOOKS
 from training.probes.base import Probe, sync
 from training.probes.gradients import GRADIENT_KEYS

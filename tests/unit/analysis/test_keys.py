@@ -7,7 +7,7 @@ import torch
 
 from analysis.keys import UnknownMetricKey, every_declared_key, fields, instances, metric_key
 from analysis.probes import STUDY_PROBES
-from model import ModelConfig, build_model
+from model import ModelConfig, NormConfig, build_model
 from training.probes import PROBES, resolve_probe, run_probes
 from training.probes.gradients import layer_grad_norms
 
@@ -38,10 +38,12 @@ def test_the_probes_write_exactly_the_keys_they_declare():
     shape = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, mlp_multiple_of=16)
     written = set()
     for model in (
-        build_model(ModelConfig(**shape, norm="dyt", qk_norm="rmsnorm")),
-        build_model(ModelConfig(**shape, norm="l2norm", placement="ngpt", tie_embeddings=False)),
-        build_model(ModelConfig(**shape, placement="hybrid_star", attn_gate="elementwise", attn_sink="learned")),
-        build_model(ModelConfig(**shape, after_linear_norm="rmsnorm", attn_gate="headwise")),
+        build_model(ModelConfig(**shape, norm=NormConfig(name="dyt", qk="rmsnorm"))),
+        build_model(ModelConfig(**shape, tie_embeddings=False, norm=NormConfig(name="l2norm", placement="ngpt"))),
+        build_model(
+            ModelConfig(**shape, attn_gate="elementwise", attn_sink="learned", norm=NormConfig(placement="hybrid_star"))
+        ),
+        build_model(ModelConfig(**shape, attn_gate="headwise", norm=NormConfig(after_linear="rmsnorm"))),
     ):
         written |= set(run_probes(model, torch.randint(0, 97, (2, 8)), contextlib.nullcontext(), EVERY_PROBE))
         model(torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))).objective.backward()

@@ -1,12 +1,12 @@
 """analysis/unigram.py: the unigram line by hand, and where a run's line is read from."""
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 from tiny_runs import compose_config, tiny_overrides
 
 from analysis.runs import Run
@@ -36,7 +36,7 @@ def test_a_runs_line_is_its_own_record_else_its_study_folders(tmp_path):
 def test_a_run_with_no_record_gets_the_line_computed_from_its_data(tmp_path, cache_dir):
     """A map trained with train.py -m records no line; asked, its config's data gives it as run_study.py computes it."""
     cfg = compose_config(*tiny_overrides(cache_dir))
-    config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": {}}
+    config = {**dataclasses.asdict(cfg), "runtime": {}}
     run = Run(path=tmp_path / "run", config=config, rows=[], tokenizer_hash="")
     assert run_unigram_loss(run) is None  # a study's reader does not compute it
     line = run_unigram_loss(run, compute=True)

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
+from model.assembly import chosen_variants, combined
 from model.attention import Attention
 from model.mlp import SwiGLU
-from model.registry import chosen_variants, combined
 from norms import rms_norm
 from variants.attention_sinks import SinkAttention
 from variants.gated_attention import GatedAttention
@@ -66,7 +66,7 @@ def _split(attn, x):
 @pytest.mark.parametrize("axis", ["head", "all"])
 def test_qkv_norm_normalizes_v_too(axis):
     torch.manual_seed(0)
-    attn = Attention(tiny(qk_norm="rmsnorm", v_norm="rmsnorm", qk_axis=axis)).eval()
+    attn = Attention(tiny(norm=NormConfig(qk="rmsnorm", v="rmsnorm", qk_axis=axis))).eval()
     _random_gains(attn)
     x = torch.randn(2, SEQ, D)
     q, k, v = _split(attn, x)
@@ -80,7 +80,7 @@ def test_qkv_norm_normalizes_v_too(axis):
 
 def test_simplenorm_normalizes_every_projections_output():
     torch.manual_seed(0)
-    cfg = tiny(after_linear_norm="rmsnorm")
+    cfg = tiny(norm=NormConfig(after_linear="rmsnorm"))
     attn, mlp = attention(cfg).eval(), swiglu(cfg)
     assert isinstance(attn, SimpleNormAttention) and isinstance(mlp, SimpleNormSwiGLU)
     _random_gains(attn), _random_gains(mlp)
@@ -101,7 +101,7 @@ def test_simplenorm_normalizes_every_projections_output():
 
 
 def test_simplenorm_norms_have_roles_and_stable_names():
-    model = Transformer(tiny(after_linear_norm="rmsnorm"))
+    model = Transformer(tiny(norm=NormConfig(after_linear="rmsnorm")))
     roles = {name: norm.role for name, norm in model.norm_modules().items() if name.startswith("layers.0.")}
     assert roles == {
         "layers.0.attn_norm": "attn_in",
@@ -156,7 +156,9 @@ def test_a_learned_sink_joins_the_softmax_denominator():
     torch.testing.assert_close(sunk(x, *_no_rope()), plain(x, *_no_rope()))
 
 
-@pytest.mark.parametrize("switch", [dict(attn_sink="learned"), dict(attn_gate="headwise"), dict(v_norm="rmsnorm")])
+@pytest.mark.parametrize(
+    "switch", [dict(attn_sink="learned"), dict(attn_gate="headwise"), dict(norm=NormConfig(v="rmsnorm"))]
+)
 def test_cached_generation_equals_recomputation(switch):
     torch.manual_seed(0)
     model = Transformer(tiny(**switch)).eval()
@@ -167,7 +169,7 @@ def test_cached_generation_equals_recomputation(switch):
 
 
 def test_hybrid_star_is_pre_norm_with_qkv_norm_first_and_hybridnorm_after():
-    model = Transformer(tiny(placement="hybrid_star"))
+    model = Transformer(tiny(norm=NormConfig(placement="hybrid_star")))
     assert [type(layer) for layer in model.layers] == [PreQKVNormBlock, HybridBlock, HybridBlock]
     assert model.final_norm is not None  # HybridNorm's stream leaves each block with an MLP added after its norm
 
@@ -175,12 +177,15 @@ def test_hybrid_star_is_pre_norm_with_qkv_norm_first_and_hybridnorm_after():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(after_linear_norm="rmsnorm", placement="peri"), "PeriNormBlock normalizes again"),
-        (dict(after_linear_norm="rmsnorm", placement="hybrid"), "HybridBlock normalizes again"),
-        (dict(after_linear_norm="rmsnorm", qk_norm="rmsnorm"), "norm.after_linear normalizes q, k and v"),
+        (dict(norm=NormConfig(after_linear="rmsnorm", placement="peri")), "PeriNormBlock normalizes again"),
+        (dict(norm=NormConfig(after_linear="rmsnorm", placement="hybrid")), "HybridBlock normalizes again"),
+        (dict(norm=NormConfig(after_linear="rmsnorm", qk="rmsnorm")), "norm.after_linear normalizes q, k and v"),
         (dict(attn_gate="sigmoid"), "model.attn_gate must be one of none, headwise, elementwise"),
         (dict(attn_sink="fixed"), "model.attn_sink must be one of none, learned"),
-        (dict(norm="l2norm", placement="ngpt", tie_embeddings=False, attn_sink="learned"), "has no model.attn_sink"),
+        (
+            dict(tie_embeddings=False, attn_sink="learned", norm=NormConfig(name="l2norm", placement="ngpt")),
+            "has no model.attn_sink",
+        ),
     ],
 )
 def test_combinations_the_papers_do_not_define_are_refused_with_the_fix(overrides, message):

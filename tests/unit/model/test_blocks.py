@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
+from model.assembly import block_placements
 from model.attention import Attention
-from model.blocks import block_placements
 from norms import NORM_NAMES, rms_norm
 
 
@@ -24,7 +24,7 @@ ANY_NORM = block_placements()  # every block takes any norm type (nGPT, a model 
 @pytest.mark.parametrize("norm", NORM_NAMES)
 def test_every_type_placement_and_qk_norm_runs_forward_and_backward(norm, placement, qk):
     torch.manual_seed(0)
-    model = Transformer(tiny(norm=norm, placement=placement, qk_norm=norm if qk else None))
+    model = Transformer(tiny(norm=NormConfig(name=norm, placement=placement, qk=norm if qk else None)))
     tokens = torch.randint(0, 97, (2, 8))
     loss = model(tokens[:, :-1], tokens[:, 1:]).objective
     loss.backward()
@@ -57,7 +57,7 @@ ROLES = {
 
 @pytest.mark.parametrize("placement", ANY_NORM)
 def test_norm_instances_have_stable_names_and_roles(placement):
-    model = Transformer(tiny(placement=placement, qk_norm="rmsnorm"))
+    model = Transformer(tiny(norm=NormConfig(placement=placement, qk="rmsnorm")))
     norms = model.norm_modules()
     expected = [f"layers.{i}.{n}" for i in range(2) for n in ["attn.q_norm", "attn.k_norm", *EXPECTED_NORMS[placement]]]
     expected += [] if placement in ("post", "deepnorm") else ["final_norm"]
@@ -99,7 +99,7 @@ FORMULAS = {
 @pytest.mark.parametrize("placement", ANY_NORM)
 def test_each_placement_computes_its_formula(placement):
     torch.manual_seed(0)
-    model = Transformer(tiny(placement=placement)).eval()
+    model = Transformer(tiny(norm=NormConfig(placement=placement))).eval()
     _gains(model)
     block = model.layers[0]
     cos, sin = model.rope_cos[:10], model.rope_sin[:10]
@@ -120,7 +120,7 @@ def test_each_placement_computes_its_formula(placement):
 @pytest.mark.parametrize("axis", ["head", "all"])
 def test_qk_norm_normalizes_q_and_k_before_rope(axis):
     torch.manual_seed(0)
-    cfg = tiny(qk_norm="rmsnorm", qk_axis=axis)
+    cfg = tiny(norm=NormConfig(qk="rmsnorm", qk_axis=axis))
     attn = Attention(cfg).eval()
     x = torch.randn(2, 6, 32)
     seen = {}
@@ -139,7 +139,7 @@ def test_qk_norm_normalizes_q_and_k_before_rope(axis):
 def test_identity_qk_norm_changes_nothing_and_cached_generation_still_agrees():
     torch.manual_seed(0)
     plain = Transformer(tiny()).eval()
-    with_identity = Transformer(tiny(qk_norm="identity")).eval()
+    with_identity = Transformer(tiny(norm=NormConfig(qk="identity"))).eval()
     with_identity.load_state_dict(plain.state_dict())
     tokens = torch.randint(0, 97, (2, 12))
     torch.testing.assert_close(with_identity(tokens), plain(tokens))
@@ -148,7 +148,7 @@ def test_identity_qk_norm_changes_nothing_and_cached_generation_still_agrees():
 @pytest.mark.parametrize("placement, axis", [("pre", "head"), ("reordered", "all"), ("peri", "head"), ("post", "all")])
 def test_cached_generation_equals_recomputation_in_every_variant(placement, axis):
     torch.manual_seed(0)
-    model = Transformer(tiny(placement=placement, qk_norm="rmsnorm", qk_axis=axis)).eval()
+    model = Transformer(tiny(norm=NormConfig(placement=placement, qk="rmsnorm", qk_axis=axis))).eval()
     _gains(model)
     prompt = torch.randint(0, 97, (2, 5))
     assert torch.equal(
@@ -157,7 +157,7 @@ def test_cached_generation_equals_recomputation_in_every_variant(placement, axis
 
 
 def test_options_per_role_as_in_the_dyt_papers_llama_setup():
-    cfg = tiny(norm="dyt", norm_options={"alpha_init": 0.2}, norm_role_options={"attn_in": {"alpha_init": 0.8}})
+    cfg = tiny(norm=NormConfig(name="dyt", **{"alpha_init": 0.2}, roles={"attn_in": {"alpha_init": 0.8}}))
     model = Transformer(cfg)
     alphas = {name: norm.alpha.item() for name, norm in model.norm_modules().items()}
     assert alphas == pytest.approx(
@@ -167,7 +167,7 @@ def test_options_per_role_as_in_the_dyt_papers_llama_setup():
 
 
 def test_qk_norm_of_another_type_takes_only_its_own_options():
-    model = Transformer(tiny(norm="dyt", norm_options={"alpha_init": 0.3}, qk_norm="rmsnorm"))
+    model = Transformer(tiny(norm=NormConfig(name="dyt", **{"alpha_init": 0.3}, qk="rmsnorm")))
     assert type(model.layers[0].attn.q_norm).__name__ == "RMSNorm"
     assert model.layers[0].attn_norm.alpha.item() == pytest.approx(0.3)
 
@@ -175,18 +175,21 @@ def test_qk_norm_of_another_type_takes_only_its_own_options():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(placement="sandwich"), "norm.placement must be one of pre, post, peri, reordered, .*got 'sandwich'"),
-        (dict(qk_norm="batchnorm"), "unknown norm 'batchnorm'"),
-        (dict(qk_norm="rmsnorm", qk_axis="rows"), "norm.qk_axis must be one of head, all"),
-        (dict(norm_role_options={"attention": {}}), "unknown role\\(s\\) attention; the roles are: attn_in"),
         (
-            dict(qk_norm="prmsnorm", norm_role_options={"q": {"k": 12}}),
+            dict(norm=dict(placement="sandwich")),
+            "norm.placement must be one of pre, post, peri, reordered, .*got 'sandwich'",
+        ),
+        (dict(norm=dict(qk="batchnorm")), "unknown norm 'batchnorm'"),
+        (dict(norm=dict(qk="rmsnorm", qk_axis="rows")), "norm.qk_axis must be one of head, all"),
+        (dict(norm=dict(roles={"attention": {}})), "unknown role\\(s\\) attention; the roles are: attn_in"),
+        (
+            dict(norm=dict(qk="prmsnorm", roles={"q": {"k": 12}})),
             "the q norm .*k must be in \\[1, 8\\].*norm.roles.q",
         ),
-        (dict(norm="dyt", norm_options={"alpha_init": 0.0}), "alpha_init must be a number > 0"),
-        (dict(norm="rmsnorm", norm_options={"alpha_init": 0.5}), "does not take option\\(s\\) alpha_init"),
-        (dict(norm="identity", norm_options={"gain": "one_plus"}), "'identity' does not take option\\(s\\) gain"),
-        (dict(norm_options={"gain": "unit"}), "gain must be one of standard, one_plus, none"),
+        (dict(norm=dict(name="dyt", **{"alpha_init": 0.0})), "norm.alpha_init=0.0 is not allowed: it must be > 0"),
+        (dict(norm=dict(name="rmsnorm", **{"alpha_init": 0.5})), "does not take option\\(s\\) alpha_init"),
+        (dict(norm=dict(name="identity", **{"gain": "one_plus"})), "'identity' does not take option\\(s\\) gain"),
+        (dict(norm=dict(**{"gain": "unit"})), "gain must be one of standard, one_plus, none"),
     ],
 )
 def test_bad_design_choices_are_refused_with_the_fix(overrides, message):
@@ -201,7 +204,11 @@ def test_initial_weights_are_the_same_for_every_variant():
         return {k: v for k, v in model.state_dict().items() if "norm" not in k}
 
     reference = weights()
-    for overrides in (dict(norm="dyt", placement="peri"), dict(norm="derf", qk_norm="derf"), dict(placement="post")):
+    for overrides in (
+        dict(norm=NormConfig(name="dyt", placement="peri")),
+        dict(norm=NormConfig(name="derf", qk="derf")),
+        dict(norm=NormConfig(placement="post")),
+    ):
         other = weights(**overrides)
         assert other.keys() == reference.keys() and all(torch.equal(other[k], reference[k]) for k in reference)
     # Switches that add weights (a gate, sinks) draw them after the shared ones, which stay the same.
@@ -217,7 +224,7 @@ def test_pre_norm_logits_change_when_the_placement_changes():
     outputs = {}
     for placement in ANY_NORM:
         torch.manual_seed(0)
-        outputs[placement] = Transformer(tiny(placement=placement)).eval()(tokens)
+        outputs[placement] = Transformer(tiny(norm=NormConfig(placement=placement))).eval()(tokens)
     for a in ANY_NORM:
         for b in ANY_NORM:
             assert a == b or not torch.allclose(outputs[a], outputs[b]), (a, b)

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model import ModelConfig, Transformer
-from model.blocks import PostNormBlock, PreNormBlock, layer_blocks
-from model.registry import chosen_variants, combined
+from model import ModelConfig, NormConfig, Transformer
+from model.assembly import assemble, chosen_variants, combined
+from model.blocks import PostNormBlock, PreNormBlock
 from training.optim import build_optimizer, lr_at
 from variants.deepnorm import DeepNormBlock
 from variants.mix_ln import mix_ln
@@ -22,7 +22,7 @@ def tiny(**overrides) -> ModelConfig:
 
 def test_layernorm_scaling_multiplies_each_layers_norm_outputs_by_one_over_sqrt_l():
     torch.manual_seed(0)
-    scaled = Transformer(tiny(norm_depth_scaling="inverse_sqrt"))
+    scaled = Transformer(tiny(norm=NormConfig(depth_scaling="inverse_sqrt")))
     torch.manual_seed(0)
     plain = Transformer(tiny())
     x = torch.randn(2, 5, 32)
@@ -49,21 +49,32 @@ def test_the_paper_notes_a_depth_scaled_init_cancels_it_so_init_out_scale_can_be
 
 
 def test_mix_ln_puts_post_norm_in_the_first_layers_and_pre_norm_after():
-    model = Transformer(tiny(placement="mix_ln", post_fraction=0.25, n_layers=8))
+    model = Transformer(tiny(n_layers=8, norm=NormConfig(placement="mix_ln", post_fraction=0.25)))
     assert [type(layer) for layer in model.layers] == [PostNormBlock] * 2 + [PreNormBlock] * 6
     assert model.final_norm is not None  # the last block is pre-norm
-    assert mix_ln(tiny(placement="mix_ln", post_fraction=0.5)) == ["post", "post", "pre", "pre"]
-    assert mix_ln(tiny(placement="mix_ln", post_fraction=0.3)) == ["post", "pre", "pre", "pre"]  # floor
-    assert layer_blocks(tiny(placement="mix_ln", post_fraction=0.5)) == [PostNormBlock] * 2 + [PreNormBlock] * 2
-    assert layer_blocks(tiny(placement="mix_ln", post_fraction=0.3)) == [PostNormBlock] + [PreNormBlock] * 3
-    all_post = Transformer(tiny(placement="mix_ln", post_fraction=1.0))
+    assert mix_ln(tiny(norm=NormConfig(placement="mix_ln", post_fraction=0.5))) == ["post", "post", "pre", "pre"]
+    assert mix_ln(tiny(norm=NormConfig(placement="mix_ln", post_fraction=0.3))) == [
+        "post",
+        "pre",
+        "pre",
+        "pre",
+    ]  # floor
+    assert (
+        assemble(tiny(norm=NormConfig(placement="mix_ln", post_fraction=0.5))).blocks
+        == (PostNormBlock,) * 2 + (PreNormBlock,) * 2
+    )
+    assert (
+        assemble(tiny(norm=NormConfig(placement="mix_ln", post_fraction=0.3))).blocks
+        == (PostNormBlock,) + (PreNormBlock,) * 3
+    )
+    all_post = Transformer(tiny(norm=NormConfig(placement="mix_ln", post_fraction=1.0)))
     assert all(isinstance(layer, PostNormBlock) for layer in all_post.layers) and all_post.final_norm is None
 
 
 def test_mix_ln_with_no_post_layers_is_pre_norm_bit_for_bit():
     tokens = torch.randint(0, 97, (2, 10))
     torch.manual_seed(0)
-    mix = Transformer(tiny(placement="mix_ln", post_fraction=0.0))
+    mix = Transformer(tiny(norm=NormConfig(placement="mix_ln", post_fraction=0.0)))
     torch.manual_seed(0)
     pre = Transformer(tiny())
     assert mix.state_dict().keys() == pre.state_dict().keys()
@@ -73,18 +84,18 @@ def test_mix_ln_with_no_post_layers_is_pre_norm_bit_for_bit():
 
 
 def test_a_per_layer_placement_list_is_a_general_mix():
-    model = Transformer(tiny(layer_placements=["pre", "peri", "post", "reordered"]))
+    model = Transformer(tiny(norm=NormConfig(layer_placements=["pre", "peri", "post", "reordered"])))
     assert [type(layer).__name__ for layer in model.layers] == [
         "PreNormBlock", "PeriNormBlock", "PostNormBlock", "ReorderedBlock"
     ]  # fmt: skip
     assert model.final_norm is not None  # reordered wants one
     with pytest.raises(ValueError, match="norm.layer_placements has 3 entries for model.n_layers=4"):
-        tiny(layer_placements=["pre", "pre", "post"])
+        tiny(norm=NormConfig(layer_placements=["pre", "pre", "post"]))
     with pytest.raises(ValueError, match="'side' is not a layer's block; each layer takes one of: pre, post, peri"):
-        Transformer(tiny(layer_placements=["pre", "pre", "side", "pre"]))
+        Transformer(tiny(norm=NormConfig(layer_placements=["pre", "pre", "side", "pre"])))
     blocks = "pre, post, peri, reordered, deepnorm, hybrid, pre_qkv"  # only what a layer can take, not hybrid_star
     with pytest.raises(ValueError) as refused:
-        Transformer(tiny(layer_placements=["pre", "hybrid_star", "pre", "pre"]))
+        Transformer(tiny(norm=NormConfig(layer_placements=["pre", "hybrid_star", "pre", "pre"])))
     assert str(refused.value) == (
         f"norm.layer_placements: 'hybrid_star' is not a layer's block; each layer takes one of: {blocks} "
         "(hybrid_star places the whole model: set norm.placement=hybrid_star)"
@@ -93,7 +104,7 @@ def test_a_per_layer_placement_list_is_a_general_mix():
 
 def test_deepnorm_alpha_beta_and_init_against_the_papers_decoder_constants():
     torch.manual_seed(0)
-    deep = Transformer(tiny(placement="deepnorm"))
+    deep = Transformer(tiny(norm=NormConfig(placement="deepnorm")))
     torch.manual_seed(0)
     pre = Transformer(tiny())
     L = 4
@@ -121,7 +132,7 @@ def test_deepnorm_alpha_beta_and_init_against_the_papers_decoder_constants():
             d.mlp.down_proj.weight, p.mlp.down_proj.weight * beta * xavier(32, hidden) / (std * out_scale)
         )
     torch.manual_seed(0)
-    wide = Transformer(tiny(placement="deepnorm", d_model=256, n_heads=8, n_kv_heads=8)).layers[0]
+    wide = Transformer(tiny(d_model=256, n_heads=8, n_kv_heads=8, norm=NormConfig(placement="deepnorm"))).layers[0]
     assert wide.attn.o_proj.weight.std().item() == pytest.approx(beta / math.sqrt(256), rel=0.02)  # the std itself
 
 
@@ -174,7 +185,9 @@ def test_weight_decay_update_by_hand(mode):
 
 
 def test_the_op_block_has_norms_only_at_both_ends_and_on_q_and_k():
-    model = Transformer(tiny(norm="identity", qk_norm="rmsnorm", residual_scale=0.2, outer_norm="layernorm"))
+    model = Transformer(
+        tiny(residual_scale=0.2, outer_norm="layernorm", norm=NormConfig(name="identity", qk="rmsnorm"))
+    )
     kinds = {name: type(norm).__name__ for name, norm in model.norm_modules().items()}
     assert kinds["embed_norm"] == kinds["final_norm"] == "LayerNorm"
     assert {kinds[f"layers.{i}.attn.{qk}_norm"] for i in range(4) for qk in "qk"} == {"RMSNorm"}

@@ -5,7 +5,7 @@ from itertools import product
 import pytest
 import torch
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
 from model.fold import fold_gains
 from norms.base import GAINS
 from norms.registry import NORM_NAMES, norm_options
@@ -30,11 +30,11 @@ def _trained_looking(model: Transformer) -> Transformer:
     "overrides",
     [
         {},
-        dict(norm="layernorm", norm_options={"bias": False}),
-        dict(norm="prmsnorm", norm_options={"p": 0.25}),
-        dict(norm_options={"gain": "one_plus"}, tie_embeddings=False),
-        dict(norm_depth_scaling="inverse_sqrt", v_norm="rmsnorm", qk_axis="all", attn_gate="elementwise"),
-        dict(v_norm="rmsnorm", attn_sink="learned", placement="mix_ln", post_fraction=0.0),
+        dict(norm=NormConfig(name="layernorm", **{"bias": False})),
+        dict(norm=NormConfig(name="prmsnorm", **{"p": 0.25})),
+        dict(tie_embeddings=False, norm=NormConfig(**{"gain": "one_plus"})),
+        dict(attn_gate="elementwise", norm=NormConfig(depth_scaling="inverse_sqrt", v="rmsnorm", qk_axis="all")),
+        dict(attn_sink="learned", norm=NormConfig(v="rmsnorm", placement="mix_ln", post_fraction=0.0)),
     ],
     ids=["rmsnorm", "layernorm-no-bias", "prmsnorm", "one_plus-untied", "lns-v_all-gate", "v_head-sink"],
 )
@@ -69,7 +69,7 @@ def test_folding_any_norm_with_random_gains_keeps_the_logits(name, options, dtyp
     """The property behind fold_gains, over the registry: the same logits to float rounding, or a refusal naming
     the bias when a gain is followed by one (and the logits unchanged)."""
     torch.manual_seed(0)
-    model = Transformer(tiny(norm=name, norm_options=options)).to(dtype).eval()
+    model = Transformer(tiny(norm=NormConfig(name=name, **options))).to(dtype).eval()
     with torch.no_grad():
         for norm in model.norm_modules().values():
             for parameter in norm.parameters():  # gains, and alpha, shift and bias where the norm has them
@@ -106,13 +106,19 @@ def test_the_default_model_folds_within_1e4_in_float32():
 @pytest.mark.parametrize(
     "overrides, blocker",
     [
-        (dict(placement="post"), "cannot fold layers.0.attn_out_norm's gain: its output joins the residual stream"),
-        (dict(placement="peri"), "cannot fold layers.0.attn_out_norm's gain"),
-        (dict(placement="hybrid"), "cannot fold layers.0.attn.q_norm's gain: q and k go through RoPE"),
-        (dict(qk_norm="rmsnorm"), "cannot fold layers.0.attn.q_norm's gain: q and k go through RoPE"),
-        (dict(norm="layernorm"), "cannot fold layers.0.attn_norm's gain: LayerNorm adds a bias after it"),
-        (dict(norm="dyt"), "cannot fold layers.0.attn_norm's gain: DyT adds a bias after it"),
-        (dict(after_linear_norm="rmsnorm"), "cannot fold layers.0.attn.q_proj_norm's gain"),
+        (
+            dict(norm=NormConfig(placement="post")),
+            "cannot fold layers.0.attn_out_norm's gain: its output joins the residual stream",
+        ),
+        (dict(norm=NormConfig(placement="peri")), "cannot fold layers.0.attn_out_norm's gain"),
+        (dict(norm=NormConfig(placement="hybrid")), "cannot fold layers.0.attn.q_norm's gain: q and k go through RoPE"),
+        (dict(norm=NormConfig(qk="rmsnorm")), "cannot fold layers.0.attn.q_norm's gain: q and k go through RoPE"),
+        (
+            dict(norm=NormConfig(name="layernorm")),
+            "cannot fold layers.0.attn_norm's gain: LayerNorm adds a bias after it",
+        ),
+        (dict(norm=NormConfig(name="dyt")), "cannot fold layers.0.attn_norm's gain: DyT adds a bias after it"),
+        (dict(norm=NormConfig(after_linear="rmsnorm")), "cannot fold layers.0.attn.q_proj_norm's gain"),
     ],
 )
 def test_a_gain_that_cannot_fold_is_named_and_nothing_changes(overrides, blocker):
@@ -127,7 +133,7 @@ def test_a_gain_that_cannot_fold_is_named_and_nothing_changes(overrides, blocker
 def test_a_constant_output_scale_without_a_gain_folds_too():
     """LayerNorm Scaling on a norm with no gain (here the MLP's input norms) leaves only N(x)/sqrt(l) to fold."""
     torch.manual_seed(0)
-    cfg = tiny(norm_depth_scaling="inverse_sqrt", norm_role_options={"mlp_in": {"gain": "none"}})
+    cfg = tiny(norm=NormConfig(depth_scaling="inverse_sqrt", roles={"mlp_in": {"gain": "none"}}))
     model = _trained_looking(Transformer(cfg)).double().eval()
     tokens = torch.randint(0, 97, (2, 12))
     with torch.no_grad():
@@ -138,6 +144,6 @@ def test_a_constant_output_scale_without_a_gain_folds_too():
 
 
 def test_the_embedding_norm_is_named_when_it_cannot_fold():
-    model = Transformer(tiny(norm="identity", outer_norm="rmsnorm"))
+    model = Transformer(tiny(outer_norm="rmsnorm", norm=NormConfig(name="identity")))
     with pytest.raises(ValueError, match="cannot fold embed_norm's gain: its output joins the residual stream"):
         fold_gains(model)

@@ -16,8 +16,8 @@ def test_the_defaults_are_transformers_own(kind):
 def test_bare_minimum_config_reads_with_every_default():
     cfg = hf_model_config({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 64, "hidden_size": 32,
                            "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2})  # fmt: skip
-    assert (cfg.head_dim, cfg.n_kv_heads, cfg.max_seq_len, cfg.norm_options["eps"]) == (128, 2, 32768, 1e-6)
-    assert (cfg.rope_theta, cfg.tie_embeddings, cfg.qk_norm, cfg.qk_axis) == (10000.0, False, "rmsnorm", "head")
+    assert (cfg.head_dim, cfg.n_kv_heads, cfg.max_seq_len, cfg.norm.eps) == (128, 2, 32768, 1e-6)
+    assert (cfg.rope_theta, cfg.tie_embeddings, cfg.norm.qk, cfg.norm.qk_axis) == (10000.0, False, "rmsnorm", "head")
 
 
 @pytest.mark.parametrize(

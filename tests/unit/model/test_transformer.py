@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
 from model.hf import hf_config, hf_state_dict
 from norms import NORM_NAMES
 
@@ -17,7 +17,7 @@ def tiny(**overrides) -> ModelConfig:
 @pytest.mark.parametrize("norm", NORM_NAMES)
 def test_forward_backward_for_each_norm(norm):
     torch.manual_seed(0)
-    model = Transformer(tiny(norm=norm))
+    model = Transformer(tiny(norm=NormConfig(name=norm)))
     tokens = torch.randint(0, 97, (2, 16))
     logits = model(tokens)
     assert logits.shape == (2, 16, 97) and logits.dtype == torch.float32
@@ -43,7 +43,7 @@ def test_same_seed_same_weights_whatever_the_norm():
     weights = {}
     for norm in NORM_NAMES:
         torch.manual_seed(3)
-        state = Transformer(tiny(norm=norm)).state_dict()
+        state = Transformer(tiny(norm=NormConfig(name=norm))).state_dict()
         weights[norm] = {k: v for k, v in state.items() if "norm" not in k}
     first = weights["rmsnorm"]
     for state in weights.values():
@@ -101,8 +101,8 @@ def test_the_fused_norms_model_matches_the_pytorch_norms_model(device, options, 
     request.addfinalizer(lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", tf32))
     size = {} if device == "cpu" else dict(vocab_size=4096, d_model=512, n_layers=4, n_heads=8, max_seq_len=256)
     torch.manual_seed(0)
-    fused = Transformer(tiny(**size, norm="fused_rmsnorm", norm_options=options)).to(device)
-    plain = Transformer(tiny(**size, norm="prmsnorm" if options else "rmsnorm", norm_options=options)).to(device)
+    fused = Transformer(tiny(**size, norm=NormConfig(name="fused_rmsnorm", **options))).to(device)
+    plain = Transformer(tiny(**size, norm=NormConfig(name="prmsnorm" if options else "rmsnorm", **options))).to(device)
     plain.load_state_dict(fused.state_dict())
     tokens = torch.randint(0, fused.cfg.vocab_size, (4, fused.cfg.max_seq_len + 1), device=device)
     # bf16 rounds the norms' float32 outputs before each matmul: a last-bit difference there can flip a rounding.
@@ -122,7 +122,7 @@ def test_the_fused_norms_model_matches_the_pytorch_norms_model(device, options, 
 @pytest.mark.parametrize("norm", ["rmsnorm", "fused_rmsnorm"])
 def test_cached_generation_equals_recomputation(norm):
     torch.manual_seed(0)
-    model = Transformer(tiny(norm=norm)).eval()
+    model = Transformer(tiny(norm=NormConfig(name=norm))).eval()
     prompt = torch.randint(0, 97, (2, 5))
     cached = model.generate(prompt, 20, temperature=0)
     recomputed = model.generate(prompt, 20, temperature=0, use_cache=False)
@@ -173,11 +173,11 @@ def test_overfits_one_batch():
 
 HF_VARIANTS = {
     "llama": dict(),
-    "llama-one_plus": dict(norm_options={"gain": "one_plus"}),
+    "llama-one_plus": dict(norm=NormConfig(**{"gain": "one_plus"})),
     "llama-untied": dict(tie_embeddings=False),
-    "qwen3": dict(qk_norm="rmsnorm"),
-    "olmo2": dict(placement="reordered", qk_norm="rmsnorm", qk_axis="all"),
-    "llama-layernorm-scaling": dict(norm_depth_scaling="inverse_sqrt"),  # 1/sqrt(l) folded into the gains
+    "qwen3": dict(norm=NormConfig(qk="rmsnorm")),
+    "olmo2": dict(norm=NormConfig(placement="reordered", qk="rmsnorm", qk_axis="all")),
+    "llama-layernorm-scaling": dict(norm=NormConfig(depth_scaling="inverse_sqrt")),  # 1/sqrt(l) folded into the gains
 }
 
 
@@ -201,21 +201,27 @@ def test_hugging_face_twin_gives_the_same_logits(variant):
 @pytest.mark.parametrize(
     "overrides, reason",
     [
-        (dict(norm="layernorm"), "LayerNorm.*only have RMSNorm"),
-        (dict(norm="prmsnorm"), "PartialRMSNorm"),
-        (dict(norm="fused_rmsnorm", norm_options={"k": 4}), "FusedRMSNorm"),
-        (dict(norm="dyt"), "DyT"),
-        (dict(qk_norm="dyt"), "attn.q_norm \\(DyT"),
-        (dict(placement="peri"), "placement 'peri' with QK-norm none has no Hugging Face equivalent"),
-        (dict(placement="reordered"), "OLMo 2 reordered with QK-norm over all heads"),
-        (dict(qk_norm="rmsnorm", qk_axis="all"), "Qwen3 pre-norm with per-head QK-norm"),
-        (dict(norm_options={"eps": 1e-5}, qk_norm="rmsnorm", norm_role_options={"q": {"eps": 1e-6}}), "eps"),
+        (dict(norm=NormConfig(name="layernorm")), "LayerNorm.*only have RMSNorm"),
+        (dict(norm=NormConfig(name="prmsnorm")), "PartialRMSNorm"),
+        (dict(norm=NormConfig(name="fused_rmsnorm", **{"k": 4})), "FusedRMSNorm"),
+        (dict(norm=NormConfig(name="dyt")), "DyT"),
+        (dict(norm=NormConfig(qk="dyt")), "attn.q_norm \\(DyT"),
+        (dict(norm=NormConfig(placement="peri")), "placement 'peri' with QK-norm none has no Hugging Face equivalent"),
+        (dict(norm=NormConfig(placement="reordered")), "OLMo 2 reordered with QK-norm over all heads"),
+        (dict(norm=NormConfig(qk="rmsnorm", qk_axis="all")), "Qwen3 pre-norm with per-head QK-norm"),
+        (dict(norm=NormConfig(**{"eps": 1e-5}, qk="rmsnorm", roles={"q": {"eps": 1e-6}})), "eps"),
         (dict(logit_softcap=30.0), "model.logit_softcap has no equivalent"),
         (dict(attn_softcap=50.0), "model.attn_softcap has no equivalent"),
         (dict(embed_scale="learned"), "model.embed_scale=learned has no equivalent"),
-        (dict(layer_placements=["post", "pre"]), "norm.layer_placements has no equivalent"),
-        (dict(placement="deepnorm"), "placement 'deepnorm' with QK-norm none has no Hugging Face equivalent"),
-        (dict(placement="mix_ln"), "placement 'mix_ln' with QK-norm none has no Hugging Face equivalent"),
+        (dict(norm=NormConfig(layer_placements=["post", "pre"])), "norm.layer_placements has no equivalent"),
+        (
+            dict(norm=NormConfig(placement="deepnorm")),
+            "placement 'deepnorm' with QK-norm none has no Hugging Face equivalent",
+        ),
+        (
+            dict(norm=NormConfig(placement="mix_ln")),
+            "placement 'mix_ln' with QK-norm none has no Hugging Face equivalent",
+        ),
     ],
 )
 def test_export_refuses_variants_hugging_face_lacks(overrides, reason):

@@ -7,8 +7,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from model.config import NormOptions
 from norms import NORM_NAMES, norm_options
-from training.config import ConfigError, NormOptions, check_config, check_run_name, register_configs
+from training.config import ConfigError, check_config, check_run_name, register_configs, typed_config
 
 CONFIGS = str(Path(__file__).resolve().parents[3] / "configs")
 
@@ -41,7 +42,7 @@ def _composed(*overrides: str):
 def _refusal(*overrides: str) -> str | None:
     cfg = _composed(*overrides)
     try:
-        check_config(cfg, cfg.hydra.runtime.choices)
+        check_config(typed_config(cfg), cfg.hydra.runtime.choices)
     except ConfigError as err:
         return str(err)
     return None
@@ -93,7 +94,7 @@ def test_without_hydras_choices_the_contradictions_of_plain_keys_are_still_refus
     """In-process runs (tests, notebooks) compose without Hydra's node: the rows that read plain keys still hold."""
     cfg = _composed("norm.placement=hybrid", "norm.layer_placements=[pre,post,pre,pre]")
     with pytest.raises(ConfigError, match="norm.placement=hybrid would label the run"):
-        check_config(cfg)
+        check_config(typed_config(cfg))
 
 
 @pytest.mark.parametrize(

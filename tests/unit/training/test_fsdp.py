@@ -13,7 +13,7 @@ from tiny_runs import compose_config, run_tiny
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from model import ModelConfig, build_model
+from model import ModelConfig, NormConfig, build_model
 from norms import Norm
 from training.config import ConfigError
 from training.distributed import Distributed
@@ -34,12 +34,11 @@ def process_group(tmp_path):
     dist.destroy_process_group()
 
 
-def _model(norm: str = "rmsnorm", **changes) -> nn.Module:
+def _model(norm: NormConfig | str = "rmsnorm", **changes) -> nn.Module:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, norm=norm)
-    for key, value in changes.items():
-        setattr(cfg, key, value)
-    return build_model(cfg)
+    norm = NormConfig(name=norm) if isinstance(norm, str) else norm
+    shape = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+    return build_model(ModelConfig(**{**shape, **changes}, norm=norm))
 
 
 def _tokens(seed: int = 1) -> torch.Tensor:
@@ -70,22 +69,22 @@ def _forward_dtypes(model: nn.Module) -> dict[str, dict[str, torch.dtype]]:
 
 
 def test_norms_and_marked_modules_are_found_by_type_and_class_attribute():
-    kept = _kept_float32(_model("rmsnorm", qk_norm="rmsnorm"))
+    kept = _kept_float32(_model(NormConfig(qk="rmsnorm")))
     assert set(kept) == {
         f"layers.{i}.{n}" for i in (0, 1) for n in ("attn_norm", "mlp_norm", "attn.q_norm", "attn.k_norm")
     } | {"final_norm"}
-    ngpt = _kept_float32(_model("l2norm", placement="ngpt", tie_embeddings=False))
+    ngpt = _kept_float32(_model(NormConfig(name="l2norm", placement="ngpt"), tie_embeddings=False))
     assert "logit_scale" in ngpt and "layers.0.attn.s_q" in ngpt and "layers.1.mlp_alpha" in ngpt
     assert all(isinstance(m, Norm) or type(m).keep_float32 for m in ngpt.values())
-    assert not _kept_float32(_model("rmsnorm", norm_options={"gain": "none"}))  # norms without parameters
+    assert not _kept_float32(_model(NormConfig(gain="none")))  # norms without parameters
 
 
 @pytest.mark.parametrize(
     "norm, changes",
     [
-        ("rmsnorm", {"qk_norm": "rmsnorm"}),
-        ("dyt", {"placement": "peri"}),
-        ("l2norm", {"placement": "ngpt", "tie_embeddings": False}),
+        (NormConfig(qk="rmsnorm"), {}),
+        (NormConfig(name="dyt", placement="peri"), {}),
+        (NormConfig(name="l2norm", placement="ngpt"), {"tie_embeddings": False}),
     ],
 )
 def test_norm_parameters_stay_float32_under_a_bf16_policy(process_group, norm, changes):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from model import ModelConfig, build_model
+from model import ModelConfig, NormConfig, build_model
 from training.distributed import Distributed
 from training.post_step import post_step_hooks
 from variants.qk_clip import QKClip
@@ -34,7 +34,7 @@ def test_qk_clip_registers_its_hook_which_reports_the_heads_it_clipped():
 
 
 def test_ngpt_registers_its_renormalization_and_refuses_qk_clip():
-    ngpt = tiny(norm="l2norm", placement="ngpt", tie_embeddings=False)
+    ngpt = tiny(tie_embeddings=False, norm=NormConfig(name="l2norm", placement="ngpt"))
     model = build_model(ngpt)
     assert post_step_hooks(model, train_cfg(), Distributed()) == [model.normalize_weights]
     with pytest.raises(ValueError, match="drop train.qk_clip"):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
 from model.attention import masked_scores
 from training.probes import PROBES, resolve_probe, run_probes
 from training.probes.attention import attention_stats
@@ -51,7 +51,7 @@ def _rms(t):
 @pytest.mark.parametrize("placement", ["pre", "post", "peri", "reordered"])
 def test_norm_statistics_describe_what_each_norm_sees_in_every_placement(placement):
     torch.manual_seed(0)
-    model = Transformer(tiny(placement=placement)).eval()
+    model = Transformer(tiny(norm=NormConfig(placement=placement))).eval()
     tokens = torch.randint(0, 97, (2, 12))
     metrics = _probe(model, tokens)
     block = model.layers[0]
@@ -70,7 +70,7 @@ def test_norm_statistics_describe_what_each_norm_sees_in_every_placement(placeme
 
 
 def test_probe_leaves_the_model_as_it_was():
-    model = Transformer(tiny(qk_norm="rmsnorm"))
+    model = Transformer(tiny(norm=NormConfig(qk="rmsnorm")))
     tokens = torch.randint(0, 97, (1, 8))
     before = model(tokens)
     _probe(model, tokens)
@@ -85,7 +85,7 @@ def test_qk_norm_bounds_the_attention_logits():
     logits = {}
     for qk in (None, "rmsnorm"):
         torch.manual_seed(0)
-        model = Transformer(tiny(qk_norm=qk)).eval()
+        model = Transformer(tiny(norm=NormConfig(qk=qk))).eval()
         with torch.no_grad():
             for layer in model.layers:
                 layer.attn.qkv_proj.weight.mul_(30)

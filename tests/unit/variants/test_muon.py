@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model import ModelConfig, Transformer
+from model import ModelConfig, NormConfig, Transformer
 from training.optim import build_optimizer, optimizer_groups
 from variants.muon import MuonWithAdamW, block_matrices
 
@@ -25,7 +25,9 @@ def _train_cfg(**changes):
 
 def _model(**changes) -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, norm="dyt")
+    cfg = ModelConfig(
+        vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, norm=NormConfig(name="dyt")
+    )
     cfg.mlp_multiple_of = 16
     for key, value in changes.items():
         setattr(cfg, key, value)

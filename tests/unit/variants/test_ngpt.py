@@ -7,18 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, Transformer, build_model
+from model import ModelConfig, NormConfig, Transformer, build_model
 from model.rope import apply_rope
 from training.probes import resolve_probe, run_probes
 from variants.ngpt import NormalizedTransformer, ScaledVector
 
 
-def ngpt(**overrides) -> ModelConfig:
-    base = dict(
-        vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32, mlp_multiple_of=16,
-        norm="l2norm", placement="ngpt", tie_embeddings=False,
-    )  # fmt: skip
-    return ModelConfig(**{**base, **overrides})
+def ngpt(norm: dict | None = None, **overrides) -> ModelConfig:
+    """nGPT's tiny model; ``norm``: the norm group's fields that differ from nGPT's."""
+    base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32, mlp_multiple_of=16)
+    norms = NormConfig(**{"name": "l2norm", "placement": "ngpt", **(norm or {})})
+    return ModelConfig(**{**base, "tie_embeddings": False, **overrides}, norm=norms)
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:
@@ -130,10 +129,10 @@ def test_the_gradient_reaches_every_learned_scale():
     "overrides, message",
     [
         ({"tie_embeddings": True}, "separate input and output embeddings"),
-        ({"qk_norm": "rmsnorm"}, "normalizes q and k itself"),
-        ({"norm": "rmsnorm"}, "RMSNorm does not: use norm=ngpt"),
+        ({"norm": {"qk": "rmsnorm"}}, "normalizes q and k itself"),
+        ({"norm": {"name": "rmsnorm"}}, "RMSNorm does not: use norm=ngpt"),
         ({"attn_softcap": 50.0}, "drop model.attn_softcap"),
-        ({"layer_placements": ["ngpt", "pre"]}, "cannot mix ngpt with other placements"),
+        ({"norm": {"layer_placements": ["ngpt", "pre"]}}, "is a whole model: norm.layer_placements cannot mix it"),
     ],
 )
 def test_what_ngpt_cannot_be_is_refused_with_the_key_to_change(overrides, message):
@@ -143,11 +142,11 @@ def test_what_ngpt_cannot_be_is_refused_with_the_key_to_change(overrides, messag
 
 def test_ngpt_is_its_own_model_class_and_the_plain_transformer_refuses_its_placement():
     assert type(build_model(ngpt())) is NormalizedTransformer
-    assert Transformer(ngpt(placement="pre", norm="rmsnorm", tie_embeddings=True)).post_step_hooks() == []
+    assert Transformer(ngpt({"placement": "pre", "name": "rmsnorm"}, tie_embeddings=True)).post_step_hooks() == []
     with pytest.raises(ValueError, match="build it with model.build_model"):
         Transformer(ngpt())
     with pytest.raises(ValueError, match="'ngpt' is not a layer's block.*set norm.placement=ngpt"):
-        Transformer(ngpt(placement="pre", norm="rmsnorm", layer_placements=["pre", "ngpt"]))
+        Transformer(ngpt({"placement": "pre", "name": "rmsnorm", "layer_placements": ["pre", "ngpt"]}))
 
 
 def test_the_attention_probes_read_ngpts_logits_with_its_softmax_scale():
