@@ -56,18 +56,18 @@ from model.fold import fold_gains
 from model.from_state import check_weights, model_config_of, model_from_state
 from model.quantize import QuantizationError, check_schemes, quantized
 from training.atomic import atomic_write_text
-from training.checkpoint import CHECKPOINT_DIR, CheckpointError
+from training.checkpoints.files import CHECKPOINT_DIR
+from training.checkpoints.sharded import read_checkpoint, read_header
 from training.config import DataConfig, LoggerConfig, Precision, register_configs
-from training.data import build_validation
-from training.errors import NormlabError
-from training.evaluation import evaluate
+from training.data.build import build_validation
+from training.errors import CheckpointError, NormlabError
 from training.input_files import InputFileError, MiB, read_text
-from training.loggers import record_command
-from training.probes import PROBES, resolve_probe, run_probes
-from training.run_lock import discard_unused
-from training.runtime import autocast_context, resolve_device, resolve_precision
-from training.sharded_checkpoint import read_checkpoint, read_header
-from training.wandb_logger import WandbLogger
+from training.run.lock import discard_unused
+from training.run.runtime import autocast_context, resolve_device, resolve_precision
+from training.telemetry.evaluation import evaluate
+from training.telemetry.loggers import record_command
+from training.telemetry.probes import PROBES, resolve_probe, run_probes
+from training.telemetry.wandb_logger import WandbLogger
 
 log = logging.getLogger("normlab.eval")
 
@@ -453,9 +453,7 @@ def run_eval(cfg: EvalConfig, out_dir: Path) -> dict[str, dict]:
     except (OSError, NormlabError) as err:
         unsaved = f"{out_dir} could not be written ({err})"
     if cfg.logger.name == "wandb":
-        logger = WandbLogger(
-            cfg.logger, out_dir, "eval", "eval", dataclasses.asdict(cfg), job_type="eval"
-        )
+        logger = WandbLogger(cfg.logger, out_dir, "eval", "eval", dataclasses.asdict(cfg), job_type="eval")
         for result in results.values():
             logger.log({k: v for k, v in result.items() if isinstance(v, (int, float))})
         logger.close()

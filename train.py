@@ -5,7 +5,7 @@
     torchrun --nproc_per_node=8 train.py norm=rmsnorm model=gpu_125m train=gpu
 
 The story: config -> data -> model -> loop -> metrics and checkpoints. Hydra composes the config, ``main``
-turns it into one typed ``Config`` (training/config.py), and ``training.setup.build_run`` turns that into a run (data, model, optimizer, resumed from the newest checkpoint in
+turns it into one typed ``Config`` (training/config.py), and ``training.run.setup.build_run`` turns that into a run (data, model, optimizer, resumed from the newest checkpoint in
 runs/<run_name>, the hooks after each step, loggers); the loop below takes its steps, runs the hooks
 that the model and the training options registered, and logs what the probes measure.
 """
@@ -26,21 +26,21 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from training.checkpoint import list_checkpoints
+from training.checkpoints.files import list_checkpoints
 from training.config import Config, check_config, register_configs, typed_config
-from training.distributed import init_distributed
 from training.errors import NormlabError
-from training.evaluation import evaluate
-from training.metrics_file import read_metrics
-from training.nonfinite import StepAction
-from training.optim import lr_at
-from training.probes import run_probes
-from training.probes.gradients import layer_grad_norms
-from training.run_lock import RunLock, RunLockedError, discard_unused
-from training.run_record import check_run_directory
-from training.runtime import resolve_device
-from training.setup import TrainingRun, build_run
-from training.throughput import peak_memory_gb
+from training.run.lock import RunLock, RunLockedError, discard_unused
+from training.run.record import check_run_directory
+from training.run.runtime import resolve_device
+from training.run.setup import TrainingRun, build_run
+from training.step.distributed import init_distributed
+from training.step.nonfinite import StepAction
+from training.step.optim import lr_at
+from training.telemetry.evaluation import evaluate
+from training.telemetry.metrics_file import read_metrics
+from training.telemetry.probes import run_probes
+from training.telemetry.probes.gradients import layer_grad_norms
+from training.telemetry.throughput import peak_memory_gb
 
 log = logging.getLogger("normlab.train")
 register_configs()

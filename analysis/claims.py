@@ -52,7 +52,7 @@ from analysis.study import (
     matches,
     seeds_for,
 )
-from training.run_record import flatten
+from training.run.resume import flatten
 
 # ruff: noqa: UP006, UP045
 

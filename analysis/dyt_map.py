@@ -34,8 +34,8 @@ from analysis.runs import Run, RunsError, load_runs
 from analysis.stats import paired_comparison, t_interval
 from analysis.study import SATURATED, TRAINED_MARGIN
 from analysis.unigram import run_unigram_loss
-from training.checkpoint import list_checkpoints
-from training.sharded_checkpoint import read_checkpoint
+from training.checkpoints.files import list_checkpoints
+from training.checkpoints.sharded import read_checkpoint
 
 COMMAND = "python train.py -m +experiment=dyt_map"
 

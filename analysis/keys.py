@@ -14,7 +14,7 @@ import functools
 import re
 
 from analysis.probes import study_probe_keys
-from training.probes import declared_keys
+from training.telemetry.probes import declared_keys
 
 
 class UnknownMetricKey(KeyError):
@@ -33,7 +33,7 @@ def metric_key(template: str) -> str:
     if template not in declared:
         raise UnknownMetricKey(
             f"no probe declares the metric key {template!r}; declared: {', '.join(declared)} "
-            "(training/probes/ and analysis/probes/: each probe's `keys`)"
+            "(training/telemetry/probes/ and analysis/probes/: each probe's `keys`)"
         )
     return template
 

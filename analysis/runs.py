@@ -21,8 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from training.metrics_file import MetricsFileError, diverged_step, read_metrics
-from training.run_record import flatten, is_free
+from training.run.record import is_free
+from training.run.resume import flatten
+from training.telemetry.metrics_file import MetricsFileError, diverged_step, read_metrics
 
 # The variant every comparison is made against unless told otherwise.
 BASELINE = "rmsnorm"

@@ -24,7 +24,7 @@ from analysis.results import VAL_LOSS, Result, capped_loss, common_grid, heldout
 from analysis.runs import Run, RunsError, latest_eval, layer_values
 from analysis.study_plan import best_rate
 from analysis.unigram import run_unigram_loss
-from training.run_record import flatten
+from training.run.resume import flatten
 
 STREAM_RMS = metric_key("act/layers.{i}/stream_rms")
 ANGULAR_DISTANCE = metric_key("act/layers.{i}/angular_distance")

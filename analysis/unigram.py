@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from analysis.results import read_plan
-from training.data import build_data
+from training.data.build import build_data
 
 
 def unigram_loss(train_tokens, windows: torch.Tensor, vocab_size: int) -> float:

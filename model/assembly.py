@@ -4,8 +4,7 @@ class and each layer's block class, and mixes the chosen variants' parts into th
 it computes.
 
 A placement (model/registry.py) names a block class (every layer), a function of the config that gives each
-layer's placement (a mix), or a model class of its own (a Transformer subclass), whose ``layer_block`` every layer
-takes. A switch away
+layer's placement (a mix), or a model class of its own, whose ``layer_block`` every layer takes. A switch away
 from its default plugs in its variant's ATTENTION, MLP and BLOCK parts; each variant refuses what it cannot take.
 """
 

@@ -63,7 +63,7 @@ class ScoresTap(nn.Module):
     """Where the attention scores are formed: a no-op that hands the rotated q and k (and the start position)
     to forward hooks.
 
-    SDPA never materializes the scores; a probe or a hook that needs them (training/probes/attention.py) hooks
+    SDPA never materializes the scores; a probe or a hook that needs them (training/telemetry/probes/attention.py) hooks
     this module and forms them on its own with its attention's ``scores`` and ``softmax``, so training steps
     pay nothing.
     """

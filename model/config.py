@@ -6,9 +6,8 @@
 its embedding table. Each field declares the rule a number must meet or its choices (a ``Choice``, which Hydra's
 composition refuses naming the allowed values), and its part of the run's label away from its default (``label``:
 a format of ``value``, ``type`` and ``over_all``, training/run/label.py). A check that needs two fields, or a
-variant's refusal, sits in ``ModelConfig.__post_init__`` or with the variant (variants/).
-
-Annotations use ``typing`` forms because OmegaConf reads them.
+variant's refusal, sits in ``ModelConfig.__post_init__`` or with the variant (variants/). Annotations use
+``typing`` forms because OmegaConf reads them.
 """
 
 import enum
@@ -93,18 +92,6 @@ def choices_of(f) -> list[str]:
         if isinstance(kind, type) and issubclass(kind, Choice):
             return [member.value for member in kind]
     return []
-
-
-def config_differences(a, b, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """Each field (dotted, nested dataclasses walked) where two configs of one class differ, with both values."""
-    found = {}
-    for f in fields(a):
-        mine, theirs = getattr(a, f.name), getattr(b, f.name)
-        if is_dataclass(mine):
-            found.update(config_differences(mine, theirs, f"{prefix}{f.name}."))
-        elif mine != theirs:
-            found[f"{prefix}{f.name}"] = (mine, theirs)
-    return found
 
 
 def plain_values(config) -> None:
@@ -249,29 +236,13 @@ class ModelShape(PlainValues):
     outer_norm: Optional[str] = declared(None, label="outer_{value}")
 
 
-# The names old checkpoints stored each norm field under (one flat dict), and where they are now.
-FLAT_NORM_FIELDS = {
-    "norm": "name",
-    "placement": "placement",
-    "layer_placements": "layer_placements",
-    "post_fraction": "post_fraction",
-    "qk_norm": "qk",
-    "qk_axis": "qk_axis",
-    "v_norm": "v",
-    "after_linear_norm": "after_linear",
-    "norm_depth_scaling": "depth_scaling",
-}
-
-
 @dataclass
 class ModelConfig(ModelShape):
     """A model: its shape, its norms and the rows of its embedding table. What ``Transformer`` is built from and
-    every checkpoint stores (``to_dict``); ``from_dict`` reads any checkpoint's, older ones' flat layout too."""
+    every checkpoint stores (``to_dict``; model/from_state.py reads any checkpoint's, older ones' layout too)."""
 
     vocab_size: int = declared(4096, rule=">= 1")
     norm: NormConfig = field(default_factory=NormConfig)
-
-    FLAT_FIELDS = (*FLAT_NORM_FIELDS, "norm_options", "norm_role_options")  # the older layout's (from_dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -300,19 +271,6 @@ class ModelConfig(ModelShape):
         """The model of a run's ``model`` and ``norm`` groups, with ``vocab_size`` embedding rows."""
         values = {f.name: getattr(shape, f.name) for f in fields(ModelShape)}
         return cls(**{**values, "vocab_size": vocab_size, "norm": NormConfig(**asdict(norm))})
-
-    @classmethod
-    def from_dict(cls, saved: dict[str, Any]) -> "ModelConfig":
-        """A checkpoint's model config; one written before the norm fields were grouped holds them flat (``norm``
-        the type's name, ``qk_norm``, ``norm_options``, ``norm_role_options``, ...). Fields added since count at
-        their defaults, which is what the code that wrote it did."""
-        saved = dict(saved)
-        if not isinstance(saved.get("norm", {}), dict):
-            norm = {new: saved.pop(old) for old, new in FLAT_NORM_FIELDS.items() if old in saved}
-            norm.update(saved.pop("norm_options", {}))
-            norm["roles"] = saved.pop("norm_role_options", {})
-            saved["norm"] = norm
-        return cls(**saved)
 
     @property
     def head_dim(self) -> int:

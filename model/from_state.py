@@ -16,14 +16,35 @@ import torch
 from model import ModelConfig, Transformer, build_model
 from model.transformer import ROPE_POSITIONS
 
+# The names old checkpoints stored each norm field under (one flat dict), and where they are now.
+FLAT_NORM_FIELDS = {
+    "norm": "name",
+    "placement": "placement",
+    "layer_placements": "layer_placements",
+    "post_fraction": "post_fraction",
+    "qk_norm": "qk",
+    "qk_axis": "qk_axis",
+    "v_norm": "v",
+    "after_linear_norm": "after_linear",
+    "norm_depth_scaling": "depth_scaling",
+}
+
 
 def model_config_of(saved: dict, source: str) -> ModelConfig:
-    """The ModelConfig a checkpoint stored (in either layout, ModelConfig.from_dict), refusing fields this code does
-    not know and values it refuses."""
+    """The ModelConfig a checkpoint stored, refusing fields this code does not know and values it refuses. One
+    written before the norm fields were grouped holds them flat (``norm`` the type's name, ``qk_norm``,
+    ``norm_options``, ``norm_role_options``, ...); fields added since count at their defaults, which is what the
+    code that wrote it did."""
+    saved = dict(saved)
+    if not isinstance(saved.get("norm", {}), dict):
+        norm = {new: saved.pop(old) for old, new in FLAT_NORM_FIELDS.items() if old in saved}
+        norm.update(saved.pop("norm_options", {}))
+        norm["roles"] = saved.pop("norm_role_options", {})
+        saved["norm"] = norm
     try:
-        return ModelConfig.from_dict(saved)
+        return ModelConfig(**saved)
     except TypeError as err:  # a field this code does not have
-        known = {f.name for f in dataclasses.fields(ModelConfig)} | set(ModelConfig.FLAT_FIELDS)
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
         unknown = sorted(set(saved) - known) or [str(err).rpartition(" ")[2].strip("'")]
         raise ValueError(
             f"{source} has model config fields this code does not know ({', '.join(unknown)}); use the normlab "

@@ -1,9 +1,9 @@
 """Where the model's names become code: each placement's block, and each switch's variant (variants/).
 
 The core is plain Llama; every paper's change lives in a file of its own under variants/, which the core never
-imports by name. Here each placement and each switch maps to an import path, resolved (``resolve``; the model's
-classes are assembled from them in model/assembly.py) only when a config chooses it: ``python train.py norm=rmsnorm`` imports none of variants/, and choosing a switch
-imports its file alone.
+imports by name. Here each placement and each switch maps to an import path, resolved (``resolve``; assembled
+into classes in model/assembly.py) only when a config chooses it: ``python train.py norm=rmsnorm`` imports none
+of variants/, and choosing a switch imports its file alone.
 
 A placement names a block class (every layer), a function of the config that gives each layer's placement (a
 mix), or a model class of its own. A switch is a ModelConfig field; when it is off its default, its variant's
@@ -14,7 +14,7 @@ module plugs in through what it exports, each optional:
                             branches); the model combines the chosen ones into one class each
     refusal(cfg)            why the config cannot take the variant (one line naming the fix), or None
 
-A placement's file may word its part of the run's label (``label(placement, get)``, training/variant.py); a
+A placement's file may word its part of the run's label (``label(placement, get)``, training/run/label.py); a
 switch's part is declared beside its field in the schema (model/config.py), which must be known before any
 variant is imported.
 """

@@ -47,7 +47,7 @@ def _():
         load_run,
         loss_ceiling,
     )
-    from training.probes import PROBES, resolve_probe
+    from training.telemetry.probes import PROBES, resolve_probe
 
     LAYER_PANELS = {
         "residual-stream RMS": metric_key("act/layers.{i}/stream_rms"),

@@ -5,7 +5,7 @@
 
 Each round launches ``torchrun --nproc_per_node 2`` once per mode (the order alternating between rounds, so
 machine noise hits both), in which each process builds the same seeded model (norm=rmsnorm), wraps it as
-training does (DistributedDataParallel, or training/fsdp.py's ``shard``), and takes warm-up then timed
+training does (DistributedDataParallel, or training/step/fsdp.py's ``shard``), and takes warm-up then timed
 AdamW steps on random tokens; rank 0 reports tokens/s. One more launch per mode measures memory: each process's
 peak above what it held before the model was built (CPU: the peak resident set; CUDA: the allocator's peak),
 and the bytes it holds for parameters, gradients and optimizer state (a run record's ``runtime.memory_per_rank``).
@@ -58,8 +58,8 @@ def warm_up_libraries(cfg, device: torch.device) -> None:
 
 def worker(args: argparse.Namespace) -> None:
     """One process of one launch: build, wrap, train, and (rank 0) write every rank's figures to args.out."""
-    from training.distributed import init_distributed
-    from training.runtime import resolve_device
+    from training.run.runtime import resolve_device
+    from training.step.distributed import init_distributed
 
     device = resolve_device(args.device, int(os.environ["LOCAL_RANK"]))
     group = init_distributed(device.type)
@@ -75,9 +75,9 @@ def measure(args: argparse.Namespace, device: torch.device, group) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from model import ModelConfig, build_model
-    from training.adamw import adamw
-    from training.fsdp import shard  # imported in both modes, so its import is in both baselines
-    from training.optim import memory_per_rank
+    from training.step.adamw import adamw
+    from training.step.fsdp import shard  # imported in both modes, so its import is in both baselines
+    from training.step.optim import memory_per_rank
 
     cuda = device.type == "cuda"
     torch.manual_seed(0)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from analysis.runs import find_run_dirs, load_run
-from training.cpu_threads import available_cores
+from training.run.cpu_threads import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GRID = ["+variant=rmsnorm,dyt", "train.lr=1e-2,3e-2"]

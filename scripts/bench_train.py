@@ -23,8 +23,8 @@ import yaml
 
 from model import ModelConfig, NormConfig, Transformer
 from model.hf import hf_config, hf_state_dict
-from training.runtime import autocast_context, resolve_device
-from training.throughput import mfu_or_none, peak_flops
+from training.run.runtime import autocast_context, resolve_device
+from training.telemetry.throughput import mfu_or_none, peak_flops
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 

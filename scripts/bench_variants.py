@@ -34,10 +34,10 @@ from model import build_model
 from model.assembly import block_placements
 from norms import NORM_NAMES
 from training.config import model_config, register_configs, typed_config
-from training.distributed import Distributed
-from training.optim import build_optimizer
-from training.post_step import post_step_hooks
-from training.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
+from training.run.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
+from training.step.distributed import Distributed
+from training.step.optim import build_optimizer
+from training.step.post_step import post_step_hooks
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 register_configs()

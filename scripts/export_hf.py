@@ -31,9 +31,9 @@ from model.fold import fold_gains
 from model.from_state import model_from_state
 from model.hf import hf_config, hf_state_dict
 from training.atomic import atomic_write, atomic_write_text
+from training.checkpoints.sharded import read_checkpoint
+from training.data.tokenizer import EOS
 from training.errors import NormlabError
-from training.sharded_checkpoint import read_checkpoint
-from training.tokenizer import EOS
 
 # What a model folder's weights are called: transformers and every other reader take these for the model.
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")

@@ -69,10 +69,10 @@ from hydra import compose, initialize_config_dir
 from analysis.bench_norms import PASSES, build, bytes_moved, call_time, kernel_time, time_passes, unavailable
 from norms import build_norm
 from training.config import typed_config
-from training.metrics_file import read_metrics
-from training.optim import memory_per_rank
-from training.setup import configure_device
-from training.throughput import mfu_or_none, peak_flops, peak_memory_gb
+from training.run.setup import configure_device
+from training.step.optim import memory_per_rank
+from training.telemetry.metrics_file import read_metrics
+from training.telemetry.throughput import mfu_or_none, peak_flops, peak_memory_gb
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

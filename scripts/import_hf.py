@@ -40,14 +40,14 @@ from model import ModelConfig, build_model
 from model.config import ModelShape
 from model.hf import hf_model_type, hf_tensor_shapes, load_hf_tensors
 from model.hf_settings import HF_CLASSES, hf_model_config, special_token_ids
-from training.batches import split_global_batch
-from training.checkpoint import rng_states, save_checkpoint
-from training.config import model_config, register_configs, typed_config, value_at
+from training.checkpoints.files import rng_states, save_checkpoint
+from training.config import model_config, register_configs, typed_config
+from training.data.batches import split_global_batch
 from training.errors import NormlabError
 from training.input_files import InputFileError, MiB, read_json, read_text, regular_file
-from training.optim import build_optimizer
-from training.run_record import write_new_record
-from training.runtime import resolve_device, resolve_precision, seed_everything
+from training.run.record import write_new_record
+from training.run.runtime import resolve_device, resolve_precision, seed_everything
+from training.step.optim import build_optimizer
 
 register_configs()
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -289,7 +289,7 @@ def train_overrides(cfg: ModelConfig, model_type: str, tokenizer: Path, seq_len:
     return [
         f"{'++' if isinstance(value, dict) else ''}{key}={hydra_value(value)}"
         for key, value in wanted.items()
-        if value_at(defaults, key) != value
+        if functools.reduce(getattr, key.split("."), defaults) != value
     ]
 
 

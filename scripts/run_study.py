@@ -37,8 +37,8 @@ from analysis.study_report import write_report
 from analysis.study_spec import StudySpecError, load_study_spec
 from analysis.unigram import compute_unigram_val_loss
 from training.config import register_configs
-from training.cpu_threads import concurrent_jobs
-from training.run_lock import lock_holder
+from training.run.cpu_threads import concurrent_jobs
+from training.run.lock import lock_holder
 
 ROOT = Path(__file__).resolve().parent.parent
 PERF_ELAPSED = "perf/elapsed_s"

@@ -9,7 +9,7 @@ import os
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # A worker of `pytest -n`: one thread for it and for every process its tests start. Processes whose
-    # threads together outnumber the cores spin while they wait for each other (training/cpu_threads.py).
+    # threads together outnumber the cores spin while they wait for each other (training/run/cpu_threads.py).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402

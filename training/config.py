@@ -6,8 +6,7 @@ dataclasses, and OmegaConf rejects keys they do not declare and choices they do 
 groups are model/config.py's ``ModelShape`` (as ``ModelPreset``, with its name) and ``NormConfig``: a key is its
 field's name, as in the ``ModelConfig`` the model is built from (``model_config``). A value out of its range or
 settings that contradict each other are refused by ``check_config`` in one line naming the key and the fix.
-Annotations use ``typing`` forms because OmegaConf reads them (PEP 604 unions are not understood by every
-version we support).
+Annotations use ``typing`` forms because OmegaConf reads them (not every version reads PEP 604 unions).
 """
 
 import logging
@@ -16,7 +15,6 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, List, NamedTuple, Optional  # noqa: UP035
 
 from hydra.core.config_store import ConfigStore
@@ -27,12 +25,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from model.config import ModelConfig, ModelShape, NormConfig, NormOptions, PlainValues, choice, declared, refusal
 from training.errors import NormlabError
-from training.loggers import WANDB_MODES
-from training.nonfinite import NAN_POLICIES
-from training.optim import OPTIMIZERS, WEIGHT_DECAY_MODES
-from training.run_record import register_run_name_resolvers
-from training.runtime import PRECISIONS
-from training.variant import label_keys, variant_label
+from training.run.label import label_keys, variant_label
+from training.run.record import register_run_name_resolvers
+from training.run.runtime import PRECISIONS
+from training.step.nonfinite import NAN_POLICIES
+from training.step.optim import OPTIMIZERS, WEIGHT_DECAY_MODES
+from training.telemetry.loggers import WANDB_MODES
 
 # ruff: noqa: UP006, UP045
 
@@ -47,7 +45,7 @@ WandbMode = choice("WandbMode", WANDB_MODES)
 WeightDecayMode = choice("WeightDecayMode", WEIGHT_DECAY_MODES)
 OptimizerName = choice("OptimizerName", OPTIMIZERS)
 MuonLRAdjustment = choice("MuonLRAdjustment", ("match_rms_adamw", "original"))
-Parallel = choice("Parallel", ("ddp", "fsdp"))  # train.parallel: training/fsdp.py says what fsdp does
+Parallel = choice("Parallel", ("ddp", "fsdp"))  # train.parallel: training/step/fsdp.py says what fsdp does
 
 
 @dataclass
@@ -130,11 +128,13 @@ class TrainConfig(PlainValues):
     beta2: float = declared(0.95, rule="in [0, 1)")
     grad_clip: Optional[float] = declared(1.0, rule="> 0")  # the largest gradient norm; null: no clipping
     precision: Precision = Precision.auto  # type: ignore[valid-type]  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
-    compile: Optional[bool] = None  # None: on for CUDA, and on CPU from training/runtime.py CPU_COMPILE_MIN_STEPS steps
+    compile: Optional[bool] = (
+        None  # None: on for CUDA, and on CPU from training/run/runtime.py CPU_COMPILE_MIN_STEPS steps
+    )
     log_every: int = declared(10, rule=">= 1")
     eval_every: int = declared(100, rule=">= 1")
     stats_every: int = declared(50, rule=">= 1")
-    # the probe pass's probes: the core's by name (norm_io, stream, attention, logits: training/probes/), any
+    # the probe pass's probes: the core's by name (norm_io, stream, attention, logits: training/telemetry/probes/), any
     # other as package.module:Class. By default what each norm sees and emits, and the residual stream.
     probes: List[str] = field(default_factory=lambda: ["norm_io", "stream"])
     checkpoint_every: int = declared(200, rule=">= 1")
@@ -149,7 +149,7 @@ class TrainConfig(PlainValues):
     dist_timeout_s: float = declared(600.0, rule="> 0")
     parallel: Parallel = Parallel.ddp  # type: ignore[valid-type]  # ddp (whole copies) | fsdp (FSDP2: each process holds a shard)
     # a run directory or checkpoint whose weights (those of matching name and shape) and tokenizer a new run starts
-    # from: a fine-tune, or a norm swap (training/init_from.py)
+    # from: a fine-tune, or a norm swap (training/run/init_from.py)
     init_from: Optional[str] = None
 
 
@@ -173,10 +173,10 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = declared(0, rule=">= 0")
     device: str = "auto"  # auto: cuda, else mps, else cpu
-    # None: this process's share of the cores (training/cpu_threads.py)
+    # None: this process's share of the cores (training/run/cpu_threads.py)
     cpu_threads: Optional[int] = declared(None, rule=">= 1")
     # The norm variant, e.g. rmsnorm-peri-qk: what runs of one design choice share (wandb groups them by it).
-    variant: str = "${norm_variant:}"  # the label of the schema's switches (training/variant.py)
+    variant: str = "${norm_variant:}"  # the label of the schema's switches (training/run/label.py)
     run_name: str = "${model.name}-${variant}-s${seed}${overrides_tag:}"
     # Keys that may differ from the run's record when resuming it (recorded under resumes: in config.yaml).
     resume_with_changes: List[str] = field(default_factory=list)
@@ -253,11 +253,9 @@ def typed_config(composed: DictConfig) -> "Config":
 
 
 class ConfigCheck(Callback):
-    """Runs check_config before Hydra makes the run's folder (hydra.callbacks in configs/config.yaml): a refused
-    command then leaves no folder, and a run_name that is no folder name is refused before Hydra would make the
-    folders of ../x outside runs/, or fail with a traceback on a name past 255 bytes. The refusal is train.py's: one
-    logged line, and exit 1. A sweep's run names are checked before Hydra makes any job's folder (each value of a
-    swept run_name, else the one name); the rest of each job's config is checked by train.py, in its folder."""
+    """check_config before Hydra makes the run's folder (configs/config.yaml's hydra.callbacks), so a refused command
+    leaves none (a run_name of ../x, or past 255 bytes, among them): one logged line, and exit 1. A sweep's run names
+    are checked before any job's folder is made; the rest of each job's config by train.py, in its folder."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         HydraConfig.instance().set_config(config)  # as Hydra's job does next: run_name's ${overrides_tag:} reads it
@@ -296,34 +294,7 @@ def model_config(cfg: "Config", vocab_size: int, rows: Optional[int] = None) -> 
     return ModelConfig.of(cfg.model, cfg.norm, max(padded, cfg.model.vocab_size or 0, rows or 0))
 
 
-def value_at(cfg, key: str):
-    """The value of a dotted key (``norm.qk``) in a typed config."""
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def set_value(cfg, key: str, value) -> None:
-    """Set a dotted key (``norm.qk``) in a typed config."""
-    parent, _, leaf = key.rpartition(".")
-    setattr(value_at(cfg, parent) if parent else cfg, leaf, value)
-
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-def default_config() -> "Config":
-    """The config train.py composes from no override (inside a Hydra app, from the app's own config folder)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        return typed_config(compose("config"))
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return typed_config(compose("config"))
-
-
-# The labelled fields beside the norm group's and the model group's (training/variant.py): the norm's options and
+# The labelled fields beside the norm group's and the model group's (training/run/label.py): the norm's options and
 # the train group's.
 LABELLED_GROUPS = (("norm", NormOptions), ("train", TrainConfig))
 
@@ -332,11 +303,6 @@ LABELLED_GROUPS = (("norm", NormOptions), ("train", TrainConfig))
 # others add a short hash.
 def run_name_keys() -> tuple[str, ...]:
     return ("norm", "model", "seed", "run_name", *label_keys(LABELLED_GROUPS))
-
-
-def run_label(cfg: "Config") -> str:
-    """The variant label of a typed run config (``${norm_variant:}`` of the composed one)."""
-    return variant_label(lambda key: value_at(cfg, key), LABELLED_GROUPS)
 
 
 def register_configs() -> None:

@@ -12,3 +12,9 @@ class CheckpointError(NormlabError, ValueError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint whose unpickling would need more than tensors and plain data."""
+
+
+def first_clause(err: BaseException) -> str:
+    """An exception's first line, short: torch's own texts run to paragraphs (the whole goes to the debug log)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[0].split(". ")[0] if lines else type(err).__name__)[:160]

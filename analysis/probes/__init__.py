@@ -7,7 +7,7 @@ these by their import path, the way any probe of one's own is added. The studies
 
 from __future__ import annotations
 
-from training.probes import resolve_probe
+from training.telemetry.probes import resolve_probe
 
 STUDY_PROBES = (
     "analysis.probes.timing:NormTime",  # perf/norm_forward_ms, perf/norm_time_frac

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from model.attention import Attention
-from training.probes.base import Probe
+from training.telemetry.probes.base import Probe
 
 SINK_THRESHOLD = 0.3
 

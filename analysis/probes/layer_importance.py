@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.probes.base import Probe
+from training.telemetry.probes.base import Probe
 
 
 def angular_distance(x_in: torch.Tensor, x_out: torch.Tensor) -> float:

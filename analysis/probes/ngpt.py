@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.probes.base import Probe
+from training.telemetry.probes.base import Probe
 from variants.ngpt import NGPTBlock
 
 

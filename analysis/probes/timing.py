@@ -7,7 +7,7 @@ import time
 from torch import nn
 
 from norms import Norm
-from training.probes.base import Probe, sync
+from training.telemetry.probes.base import Probe, sync
 
 
 class NormTime(Probe):

@@ -13,9 +13,9 @@ from tiny_runs import compose_config, read_metrics, run_tiny
 from model import build_model
 from model.loss import fused_linear_cross_entropy
 from training.config import model_config
-from training.distributed import Distributed
-from training.runtime import should_compile
-from training.setup import resolve_settings
+from training.run.runtime import should_compile
+from training.run.setup import resolve_settings
+from training.step.distributed import Distributed
 
 STEPS = 4
 # Every logit control compiled at once (z-loss, both soft-caps and QK-clip's max-logit tracking

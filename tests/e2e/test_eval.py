@@ -9,8 +9,9 @@ from tiny_runs import CONFIG_DIR, read_metrics, run_tiny
 
 import eval as eval_script
 from model.quantize import QuantizationError
-from training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from training.errors import NormlabError
+from training.checkpoints.files import list_checkpoints
+from training.checkpoints.load import load_checkpoint
+from training.errors import CheckpointError, NormlabError
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_checkpoint_that_does_not_match_the_code_is_refused(trained, tmp_path):
 
 
 def test_eval_tokenizes_only_the_validation_split(trained, tmp_path, monkeypatch):
-    import training.data as data_module
+    import training.data.build as data_module
 
     labels = []
     real = data_module.token_array
@@ -150,7 +151,7 @@ def _validation(state, run):
     from tokenizers import Tokenizer
 
     from training.config import DataConfig
-    from training.data import build_validation
+    from training.data.build import build_validation
 
     data_cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), state["config"]["data"])
     seq_len = state["config"]["train"]["seq_len"]

@@ -9,8 +9,9 @@ import torch
 from export_hf import main as export_hf
 from tiny_runs import run_tiny
 
-from model import ModelConfig, Transformer
-from training.checkpoint import load_checkpoint
+from model import Transformer
+from model.from_state import model_config_of
+from training.checkpoints.load import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,7 +44,7 @@ def test_exported_checkpoint_loads_in_transformers_with_same_logits(tmp_path, ca
     assert result.returncode == 0, result.stderr
 
     state = load_checkpoint(tmp_path / "run")
-    saved = ModelConfig.from_dict(state["model_config"])
+    saved = model_config_of(state["model_config"], "the test's")
     ours = Transformer(dataclasses.replace(saved, norm=dataclasses.replace(saved.norm, name="rmsnorm"))).eval()
     ours.load_state_dict(state["model"])
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
@@ -75,7 +76,7 @@ def test_folded_gains_export_as_ones_with_the_same_logits(tmp_path, cache_dir, e
     run_tiny(tmp_path / "run", cache_dir, 2, "norm=rmsnorm", "train.lr=0.03")  # gains that moved from one
     assert export_cli(tmp_path / "run", tmp_path / "hf", "--fold-gains").returncode == 0
     state = load_checkpoint(tmp_path / "run")
-    ours = Transformer(ModelConfig.from_dict(state["model_config"])).eval()
+    ours = Transformer(model_config_of(state["model_config"], "the test's")).eval()
     ours.load_state_dict(state["model"])
     assert any((norm.weight - 1).abs().max() > 1e-3 for norm in ours.norm_modules().values())
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

@@ -4,7 +4,7 @@ learned sinks train and resume bit for bit (the gate and the sinks compiled: tes
 import pytest
 from tiny_runs import read_metrics, run_tiny
 
-from training.checkpoint import list_checkpoints
+from training.checkpoints.files import list_checkpoints
 
 SWITCHES = {
     "hybrid_star-gate-sink": ("norm.placement=hybrid_star", "model.attn_gate=elementwise", "model.attn_sink=learned"),

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from tiny_runs import CONFIG_DIR, ROOT, descendants, read_metrics, run_all, run_tiny
 
 import eval as eval_script
-from training.sharded_checkpoint import read_checkpoint
+from training.checkpoints.sharded import read_checkpoint
 
 # In-process runs and reads are one process writing or reading every shard, which DCP warns of.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")

@@ -21,15 +21,15 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import eval as eval_script
 from analysis.runs import latest_eval, load_run
-from training.checkpoint import CheckpointError
+from training.checkpoints.sharded import read_checkpoint
 from training.config import ConfigError, check_config
-from training.corpus import DataError
-from training.corpus_files import check_text
-from training.run_lock import discard_unused
-from training.run_record import RunIdentityError
-from training.sharded_checkpoint import read_checkpoint
+from training.data.corpus import DataError
+from training.data.corpus_files import check_text
+from training.errors import CheckpointError
+from training.run.lock import discard_unused
+from training.run.record import RunIdentityError
 
-# One process reading every shard is what these tests mean (training/sharded_checkpoint.py says so too).
+# One process reading every shard is what these tests mean (training/checkpoints/sharded.py says so too).
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")
 
 

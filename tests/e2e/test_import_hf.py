@@ -26,11 +26,13 @@ from analysis.outliers_report import MASSIVE
 from analysis.outliers_report import write_report as write_outliers_report
 from analysis.probes import STUDY_PROBES
 from analysis.runs import RunsError, load_run
-from model import ModelConfig, Transformer
-from training.checkpoint import list_checkpoints, load_checkpoint
-from training.data import build_validation
-from training.probes import PROBES, resolve_probe, run_probes
-from training.tokenizer import token_byte_lengths
+from model import Transformer
+from model.from_state import model_config_of
+from training.checkpoints.files import list_checkpoints
+from training.checkpoints.load import load_checkpoint
+from training.data.build import build_validation
+from training.data.tokenizer import token_byte_lengths
+from training.telemetry.probes import PROBES, resolve_probe, run_probes
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -107,7 +109,7 @@ def hf_tensors(folder) -> dict[str, torch.Tensor]:
 
 def our_model(run_dir) -> Transformer:
     state = load_checkpoint(run_dir)
-    model = Transformer(ModelConfig.from_dict(state["model_config"])).eval()
+    model = Transformer(model_config_of(state["model_config"], "the test's")).eval()
     model.load_state_dict(state["model"])
     return model
 

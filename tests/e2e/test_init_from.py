@@ -13,10 +13,11 @@ from import_hf import import_hf
 from test_import_hf import save, tokenizer_file  # noqa: F401  (a fixture)
 from tiny_runs import ROOT, read_metrics, run_tiny, train_here
 
-from training.checkpoint import list_checkpoints, load_checkpoint
+from training.checkpoints.files import list_checkpoints
+from training.checkpoints.load import load_checkpoint
 from training.errors import NormlabError
-from training.run_lock import LOCK_FILE
-from training.run_record import flatten
+from training.run.lock import LOCK_FILE
+from training.run.resume import flatten
 
 transformers = pytest.importorskip("transformers")
 

@@ -3,7 +3,7 @@
 import pytest
 from tiny_runs import compose_config, read_metrics, run_tiny
 
-from training.checkpoint import list_checkpoints
+from training.checkpoints.files import list_checkpoints
 
 
 @pytest.mark.parametrize("train", ["default", "gpu"])

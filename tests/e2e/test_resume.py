@@ -10,8 +10,10 @@ import pytest
 import torch
 from tiny_runs import ROOT, read_metrics, run_tiny, tiny_overrides
 
-from training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
-from training.run_record import RunIdentityError
+from training.checkpoints.files import list_checkpoints, save_checkpoint
+from training.checkpoints.load import load_checkpoint
+from training.errors import CheckpointError
+from training.run.record import RunIdentityError
 
 STEPS = 40
 
@@ -82,7 +84,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     # A second process writes a large checkpoint and is killed while the temp file is growing.
     code = (
         "import torch, sys\n"
-        "from training.checkpoint import save_checkpoint\n"
+        "from training.checkpoints.files import save_checkpoint\n"
         f"save_checkpoint({str(run_dir)!r}, {{'step': 2, 'model': {{'w': torch.ones(400_000_000)}}}}, keep=2)\n"
     )
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
@@ -137,7 +139,7 @@ def test_unreadable_checkpoint_names_the_file(tmp_path):
 
 
 def test_resume_drops_metrics_after_the_checkpoint_and_a_torn_last_line(tmp_path):
-    from training.metrics_file import MetricsFile
+    from training.telemetry.metrics_file import MetricsFile
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n{"step": 3, "train/lo')

@@ -18,11 +18,13 @@ from hydra import compose, initialize_config_dir
 from tiny_runs import CONFIG_DIR, ROOT, read_metrics, run_tiny, tiny_overrides
 
 import eval as eval_script
-from model.config import FLAT_NORM_FIELDS
-from training.checkpoint import CheckpointError, UnsafeCheckpointError, list_checkpoints, load_checkpoint
-from training.optim import lr_at
-from training.run_lock import RunLock
-from training.run_record import RunIdentityError, overrides_tag
+from model.from_state import FLAT_NORM_FIELDS
+from training.checkpoints.files import list_checkpoints
+from training.checkpoints.load import load_checkpoint
+from training.errors import CheckpointError, UnsafeCheckpointError
+from training.run.lock import RunLock
+from training.run.record import RunIdentityError, overrides_tag
+from training.step.optim import lr_at
 
 
 def _fingerprint(run_dir):
@@ -293,7 +295,7 @@ def _as_before_the_design_space(config):
 
 
 def _in_the_flat_layout(model_config: dict) -> dict:
-    """A model config as checkpoints stored it before its norm fields were grouped (model/config.py from_dict)."""
+    """A model config as checkpoints stored it before its norm fields were grouped (model/from_state.py)."""
     norm = dict(model_config["norm"])
     flat = {old: norm.pop(new) for old, new in FLAT_NORM_FIELDS.items()}
     return {**model_config, **flat, "norm_role_options": norm.pop("roles"), "norm_options": {

@@ -12,7 +12,7 @@ from tiny_runs import ROOT, tiny_overrides
 from analysis.runs import find_runs
 from analysis.study import skip_deltas
 from analysis.study_plan import StudyPlan
-from training.run_lock import RunLock
+from training.run.lock import RunLock
 
 
 def _run_study(tmp_path, cache_dir, *extra):

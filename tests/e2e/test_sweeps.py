@@ -11,7 +11,7 @@ from tiny_runs import ROOT, compose_config, read_metrics, tiny_overrides
 
 from analysis.study import matches
 from analysis.study_spec import load_study_spec
-from training.run_record import flatten
+from training.run.resume import flatten
 
 STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "variant").glob("*.yaml"))
 

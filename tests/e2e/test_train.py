@@ -15,16 +15,16 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrides
 
 import model.transformer as transformer_module
-import training.setup as training_setup
+import training.run.setup as training_setup
 from analysis.unigram import compute_unigram_val_loss
 from model import NormConfig, Transformer
 from norms import NORM_NAMES, build_norm
-from training.checkpoint import load_checkpoint
+from training.checkpoints.load import load_checkpoint
 from training.config import ConfigError, model_config, run_name_keys
-from training.nonfinite import TrainingDiverged
-from training.optim import build_optimizer, lr_at
-from training.run_record import overrides_tag
-from training.runtime import CPU_COMPILE_MIN_STEPS, should_compile
+from training.run.record import overrides_tag
+from training.run.runtime import CPU_COMPILE_MIN_STEPS, should_compile
+from training.step.nonfinite import TrainingDiverged
+from training.step.optim import build_optimizer, lr_at
 
 
 @pytest.mark.parametrize("norm", NORM_NAMES)

@@ -20,8 +20,9 @@ from test_import_hf import cli, hf_model, hf_tensors, our_model, save, tokenizer
 from tiny_runs import ROOT, run_tiny
 
 import eval as eval_script
-from training.checkpoint import list_checkpoints, load_checkpoint
-from training.corpus import DataError
+from training.checkpoints.files import list_checkpoints
+from training.checkpoints.load import load_checkpoint
+from training.data.corpus import DataError
 from training.input_files import InputFileError, read_text
 
 transformers = pytest.importorskip("transformers")

@@ -2,7 +2,7 @@
 points), and no module imports itself back through others. Read from the source, lazy imports included.
 
 The papers' variants (variants/) may import norms, model and training; model and training reach a variant only
-through a "module:Class" string (model/registry.py, training/optim.py, training/post_step.py), which this check
+through a "module:Class" string (model/registry.py, training/step/optim.py, training/step/post_step.py), which this check
 does not see as an import, and never by an import statement."""
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ import json, sys, torch
 from hydra import compose, initialize_config_dir
 from model import build_model
 from training.config import model_config, register_configs, typed_config
-from training.distributed import Distributed
-from training.optim import build_optimizer
-from training.post_step import post_step_hooks
+from training.step.distributed import Distributed
+from training.step.optim import build_optimizer
+from training.step.post_step import post_step_hooks
 register_configs()
 loaded = {}
 with initialize_config_dir(config_dir=sys.argv[1], version_base=None):

@@ -8,8 +8,8 @@ import torch
 from analysis.keys import UnknownMetricKey, every_declared_key, fields, instances, metric_key
 from analysis.probes import STUDY_PROBES
 from model import ModelConfig, NormConfig, build_model
-from training.probes import PROBES, resolve_probe, run_probes
-from training.probes.gradients import layer_grad_norms
+from training.telemetry.probes import PROBES, resolve_probe, run_probes
+from training.telemetry.probes.gradients import layer_grad_norms
 
 EVERY_PROBE = [resolve_probe(name) for name in (*PROBES, *STUDY_PROBES)]
 

@@ -10,7 +10,7 @@ from analysis.probes.attention_sinks import sink_stats
 from analysis.probes.layer_importance import SkippedBlock, angular_distance, skip_deltas, skipping
 from analysis.probes.massive import massive_stats
 from model import ModelConfig, Transformer
-from training.probes import resolve_probe, run_probes
+from training.telemetry.probes import resolve_probe, run_probes
 
 STUDY = [resolve_probe(path) for path in STUDY_PROBES]
 

@@ -9,7 +9,7 @@ import torch
 from model import ModelConfig, NormConfig, Transformer
 from model.assembly import assemble, chosen_variants, combined
 from model.blocks import PostNormBlock, PreNormBlock
-from training.optim import build_optimizer, lr_at
+from training.step.optim import build_optimizer, lr_at
 from variants.deepnorm import DeepNormBlock
 from variants.mix_ln import mix_ln
 from variants.op_block import ScaledBranches

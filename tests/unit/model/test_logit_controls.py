@@ -10,7 +10,7 @@ from model import ModelConfig, Transformer
 from model.attention import Attention, allowed_positions, attention_scores
 from model.loss import _FusedLinearCrossEntropy, fused_linear_cross_entropy, softcap
 from model.rope import rope_tables
-from training.distributed import Distributed
+from training.step.distributed import Distributed
 from variants.qk_clip import qk_clip, track_max_logits
 from variants.score_softcap import SoftCappedAttention
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from tiny_runs import ROOT, tiny_overrides
 
-from training.cpu_threads import available_cores, concurrent_jobs, thread_share
+from training.run.cpu_threads import available_cores, concurrent_jobs, thread_share
 
 
 @pytest.fixture

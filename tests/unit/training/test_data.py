@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from training.batches import TrainBatches, heldout_windows, split_global_batch, validation_windows
 from training.config import ConfigError, DataConfig
-from training.corpus import DataError, load_splits
-from training.data import build_data
-from training.token_cache import cache_key, token_array
-from training.tokenizer import get_tokenizer, token_byte_lengths, train_bpe
+from training.data.batches import TrainBatches, heldout_windows, split_global_batch, validation_windows
+from training.data.build import build_data
+from training.data.corpus import DataError, load_splits
+from training.data.token_cache import cache_key, token_array
+from training.data.tokenizer import get_tokenizer, token_byte_lengths, train_bpe
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,7 @@ def test_build_data_end_to_end_and_tokenizer_cache_hit(kjv_cache, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached tokenizer should have been reused")
 
-    monkeypatch.setattr("training.tokenizer.train_bpe", no_training)
+    monkeypatch.setattr("training.data.tokenizer.train_bpe", no_training)
     again = build_data(DataConfig(cache_dir=kjv_cache), seq_len=64, global_batch=8, seed=0)
     assert again.tokenizer.to_str() == data.tokenizer.to_str()
     assert torch.equal(again.val, data.val)
@@ -224,7 +224,7 @@ def test_unreachable_hub_fails_fast_with_a_clear_message(tmp_path):
     """A fresh process with HF_DATASETS_OFFLINE=1: the error names the dataset and the local-files fix."""
     code = (
         "from training.config import DataConfig\n"
-        "from training.corpus import load_splits\n"
+        "from training.data.corpus import load_splits\n"
         f"load_splits(DataConfig(source='hf', hf_path='roneneldan/TinyStories', cache_dir={str(tmp_path)!r}))\n"
     )
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}

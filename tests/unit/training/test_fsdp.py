@@ -1,4 +1,4 @@
-"""training/fsdp.py: what runs sharded, what stays float32 under a bf16 policy, and what is refused.
+"""training/step/fsdp.py: what runs sharded, what stays float32 under a bf16 policy, and what is refused.
 
 A one-process gloo group is enough to shard for real (one shard each): the mixed-precision groups, their
 dtypes in the forward pass and the optimizer's steps behave as at any world size. Runs at two ranks
@@ -16,8 +16,8 @@ from torch.distributed.tensor import DTensor
 from model import ModelConfig, NormConfig, build_model
 from norms import Norm
 from training.config import ConfigError
-from training.distributed import Distributed
-from training.fsdp import full_precision_modules, shard
+from training.step.distributed import Distributed
+from training.step.fsdp import full_precision_modules, shard
 
 CPU = torch.device("cpu")
 

@@ -1,8 +1,8 @@
-"""training/metrics_file.py: what a reader makes of a torn or damaged metrics.jsonl."""
+"""training/telemetry/metrics_file.py: what a reader makes of a torn or damaged metrics.jsonl."""
 
 import pytest
 
-from training.metrics_file import Metrics, MetricsFileError, read_metrics
+from training.telemetry.metrics_file import Metrics, MetricsFileError, read_metrics
 
 
 def test_a_torn_last_metrics_line_is_left_out_and_a_torn_middle_line_refused(tmp_path):

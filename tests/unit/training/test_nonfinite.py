@@ -1,10 +1,10 @@
-"""training/nonfinite.py: what a step with a NaN or Inf loss does under each train.nan_policy."""
+"""training/step/nonfinite.py: what a step with a NaN or Inf loss does under each train.nan_policy."""
 
 import math
 
 import pytest
 
-from training.nonfinite import NonFinitePolicy, StepAction, TrainingDiverged
+from training.step.nonfinite import NonFinitePolicy, StepAction, TrainingDiverged
 
 
 def test_a_finite_step_is_applied_and_remembered():

@@ -1,11 +1,11 @@
-"""training/optim.py: the bytes per process that a run record reports (runtime.memory_per_rank)."""
+"""training/step/optim.py: the bytes per process that a run record reports (runtime.memory_per_rank)."""
 
 from types import SimpleNamespace
 
 import torch
 
 from model import ModelConfig, Transformer
-from training.optim import build_optimizer, memory_per_rank
+from training.step.optim import build_optimizer, memory_per_rank
 from variants.muon import block_matrices
 
 

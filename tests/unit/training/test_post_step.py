@@ -1,12 +1,12 @@
-"""training/post_step.py: the hooks after each optimizer step, the model's first, then each set option's."""
+"""training/step/post_step.py: the hooks after each optimizer step, the model's first, then each set option's."""
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from model import ModelConfig, NormConfig, build_model
-from training.distributed import Distributed
-from training.post_step import post_step_hooks
+from training.step.distributed import Distributed
+from training.step.post_step import post_step_hooks
 from variants.qk_clip import QKClip
 
 

@@ -8,10 +8,10 @@ import torch
 
 from model import ModelConfig, NormConfig, Transformer
 from model.attention import masked_scores
-from training.probes import PROBES, resolve_probe, run_probes
-from training.probes.attention import attention_stats
-from training.probes.base import Probe, feature_kurtosis
-from training.probes.norm_io import NormInputOutput
+from training.telemetry.probes import PROBES, resolve_probe, run_probes
+from training.telemetry.probes.attention import attention_stats
+from training.telemetry.probes.base import Probe, feature_kurtosis
+from training.telemetry.probes.norm_io import NormInputOutput
 
 CORE_PROBES = [resolve_probe(name) for name in PROBES]
 
@@ -110,7 +110,7 @@ class _First(_Order):
 
 def test_a_probe_is_chosen_by_name_or_by_its_import_path_and_attaches_in_its_order():
     assert resolve_probe("norm_io") is NormInputOutput
-    assert resolve_probe("training.probes.norm_io:NormInputOutput") is NormInputOutput
+    assert resolve_probe("training.telemetry.probes.norm_io:NormInputOutput") is NormInputOutput
     _Order.seen.clear()
     run_probes(Transformer(tiny()), torch.randint(0, 97, (1, 4)), contextlib.nullcontext(), [_Order, _First])
     assert _Order.seen == ["_First", "_Order"]  # listed second, attached first
@@ -120,8 +120,8 @@ def test_a_probe_is_chosen_by_name_or_by_its_import_path_and_attaches_in_its_ord
     "name, message",
     [
         ("norm_iox", "is neither a core probe \\(norm_io, stream, attention, logits\\)"),
-        ("training.probes.norm_io:Missing", "cannot be imported"),
-        ("training.probes.base:rms_and_mean", "is not a probe"),
+        ("training.telemetry.probes.norm_io:Missing", "cannot be imported"),
+        ("training.telemetry.probes.base:rms_and_mean", "is not a probe"),
     ],
 )
 def test_a_name_that_is_no_probe_is_refused_naming_the_choices(name, message):

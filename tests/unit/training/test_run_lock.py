@@ -1,8 +1,8 @@
-"""training/run_lock.py: who holds a run directory, asked without disturbing a live holder."""
+"""training/run/lock.py: who holds a run directory, asked without disturbing a live holder."""
 
 import os
 
-from training.run_lock import LOCK_FILE, RunLock, lock_holder
+from training.run.lock import LOCK_FILE, RunLock, lock_holder
 
 
 def test_the_holder_is_named_while_it_trains_and_nobody_before_or_after(tmp_path):

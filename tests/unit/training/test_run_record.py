@@ -1,6 +1,6 @@
-"""training/run_record.py: what identifies a run, and records written by older code."""
+"""training/run/record.py: what identifies a run, and records written by older code."""
 
-from training.run_record import identity
+from training.run.resume import identity
 
 
 def test_a_studys_claims_and_plan_in_an_older_record_do_not_change_the_runs_identity():

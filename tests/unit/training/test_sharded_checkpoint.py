@@ -1,4 +1,4 @@
-"""training/sharded_checkpoint.py: .dcp checkpoints written atomically, read whole without a process group,
+"""training/checkpoints/sharded.py: .dcp checkpoints written atomically, read whole without a process group,
 restored exactly, and read as data only."""
 
 import os
@@ -9,12 +9,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from model import ModelConfig, NormConfig, build_model
-from training.checkpoint import list_checkpoints, load_newest_readable, remove_partial_checkpoints
-from training.distributed import Distributed
+from training.checkpoints.files import list_checkpoints, remove_partial_checkpoints
+from training.checkpoints.load import load_newest_readable
+from training.checkpoints.sharded import HEADER, read_checkpoint, restore_into, save_sharded
 from training.errors import CheckpointError, UnsafeCheckpointError
-from training.sharded_checkpoint import HEADER, read_checkpoint, restore_into, save_sharded
+from training.step.distributed import Distributed
 
-# One process writing and reading every shard is what these tests mean (training/sharded_checkpoint.py says so too).
+# One process writing and reading every shard is what these tests mean (training/checkpoints/sharded.py says so too).
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to")
 
 

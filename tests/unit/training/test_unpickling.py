@@ -14,9 +14,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from training.checkpoint import CheckpointError, UnsafeCheckpointError, load_checkpoint, load_newest_readable
-from training.dcp_metadata import METADATA
-from training.sharded_checkpoint import HEADER, read_checkpoint
+from training.checkpoints.dcp_metadata import METADATA
+from training.checkpoints.load import load_checkpoint, load_newest_readable
+from training.checkpoints.sharded import HEADER, read_checkpoint
+from training.errors import CheckpointError, UnsafeCheckpointError
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.distributed is .*uninitialized, assuming the intent is to"),

@@ -1,10 +1,10 @@
-"""training/variant.py: a variant's label from its switches, and the run name that reads the same table."""
+"""training/run/label.py: a variant's label from its switches, and the run name that reads the same table."""
 
 import pytest
 from tiny_runs import compose_config
 
 from training.config import LABELLED_GROUPS, run_name_keys
-from training.variant import label_keys, switches
+from training.run.label import label_keys, switches
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""variants/muon.py: Muon for the blocks' matrices beside AdamW, as training/optim.py builds it."""
+"""variants/muon.py: Muon for the blocks' matrices beside AdamW, as training/step/optim.py builds it."""
 
 import copy
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import ModelConfig, NormConfig, Transformer
-from training.optim import build_optimizer, optimizer_groups
+from training.step.optim import build_optimizer, optimizer_groups
 from variants.muon import MuonWithAdamW, block_matrices
 
 CPU = torch.device("cpu")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from model import ModelConfig, NormConfig, Transformer, build_model
 from model.rope import apply_rope
-from training.probes import resolve_probe, run_probes
+from training.telemetry.probes import resolve_probe, run_probes
 from variants.ngpt import NormalizedTransformer, ScaledVector
 
 

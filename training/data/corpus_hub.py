@@ -6,7 +6,7 @@ import os
 import socket
 from urllib.parse import urlparse
 
-from training.corpus import DataError, Split, texts
+from training.data.corpus import DataError, Split, texts
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

@@ -16,16 +16,16 @@ import torch
 from torch import nn
 
 from model.registry import resolve
-from training.post_step import OPTION_HOOKS
-from training.probes.base import Probe, sync
-from training.probes.gradients import GRADIENT_KEYS
+from training.step.post_step import OPTION_HOOKS
+from training.telemetry.probes.base import Probe, sync
+from training.telemetry.probes.gradients import GRADIENT_KEYS
 
 # The core's probes: what each norm sees and emits, the residual stream, attention logits, output logits.
 PROBES = {
-    "norm_io": "training.probes.norm_io:NormInputOutput",
-    "stream": "training.probes.stream:ResidualStream",
-    "attention": "training.probes.attention:AttentionLogits",
-    "logits": "training.probes.logits:OutputLogits",
+    "norm_io": "training.telemetry.probes.norm_io:NormInputOutput",
+    "stream": "training.telemetry.probes.stream:ResidualStream",
+    "attention": "training.telemetry.probes.attention:AttentionLogits",
+    "logits": "training.telemetry.probes.logits:OutputLogits",
 }
 
 # Keys the training loop and the evaluation write themselves.
@@ -63,13 +63,13 @@ def resolve_probe(name: str) -> type[Probe]:
     except (ImportError, AttributeError) as err:
         raise ValueError(f"train.probes: {name!r} cannot be imported ({err})") from None
     if not (isinstance(probe, type) and issubclass(probe, Probe)):
-        raise ValueError(f"train.probes: {name!r} is not a probe (a subclass of training.probes.base.Probe)")
+        raise ValueError(f"train.probes: {name!r} is not a probe (a subclass of training.telemetry.probes.base.Probe)")
     return probe
 
 
 def declared_keys() -> tuple[str, ...]:
     """Every key template that the core writes: the loop's, the gradients', each core probe's and each post-step
-    hook's (training/post_step.py)."""
+    hook's (training/step/post_step.py)."""
     probe_keys = tuple(key for name in PROBES for key in resolve_probe(name).keys)
     return (
         LOOP_KEYS

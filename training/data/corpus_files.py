@@ -8,7 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from training.corpus import DataError, Split, texts
+from training.data.corpus import DataError, Split, texts
 from training.input_files import InputFileError, regular_file
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from training.atomic import atomic_write_text
-from training.corpus import DataError, Split
+from training.data.corpus import DataError, Split
 from training.input_files import InputFileError, MiB, read_text
 
 log = logging.getLogger(__name__)

@@ -20,31 +20,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import ModelConfig, Transformer, build_model
 from norms.cpu.denormals import flush_denormals
-from training.batches import split_global_batch
-from training.checkpoint import (
-    CheckpointError,
-    check_reachable,
-    check_same_model,
-    load_newest_readable,
-    remove_partial_checkpoints,
-    restore_rng_states,
-    rng_states,
-    save_checkpoint,
-)
-from training.config import Config, ConfigError, check_config, model_config, run_label
-from training.cpu_threads import use_thread_share
-from training.data import Data, open_corpus, tokenize
-from training.distributed import Distributed
-from training.loggers import Loggers, open_loggers
-from training.metrics_file import diverged_step, read_metrics
-from training.nonfinite import NonFinitePolicy
-from training.optim import build_optimizer, memory_per_rank, optimizer_groups
-from training.post_step import PostStepHook, post_step_hooks
-from training.probes import Probe, resolve_probe
-from training.run_record import check_resume, check_same_data
-from training.runtime import autocast_context, resolve_precision, seed_everything, should_compile
-from training.throughput import PeakFlops, ThroughputMeter, peak_flops
-from training.tokenizer import get_tokenizer, read_tokenizer_file
+from training.checkpoints.files import list_checkpoints, remove_partial_checkpoints, rng_states, save_checkpoint
+from training.config import Config, ConfigError, check_config, model_config
+from training.data.batches import split_global_batch
+from training.data.build import Data, open_corpus, tokenize
+from training.data.tokenizer import get_tokenizer, read_tokenizer_file
+from training.run.cpu_threads import use_thread_share
+from training.run.record import read_record
+from training.run.runtime import autocast_context, resolve_precision, seed_everything, should_compile
+from training.step.distributed import Distributed
+from training.step.nonfinite import NonFinitePolicy
+from training.step.optim import build_optimizer, memory_per_rank, optimizer_groups
+from training.step.post_step import PostStepHook, post_step_hooks
+from training.telemetry.loggers import Loggers, open_loggers
+from training.telemetry.metrics_file import diverged_step, read_metrics
+from training.telemetry.probes import Probe, resolve_probe
+from training.telemetry.throughput import PeakFlops, ThroughputMeter, peak_flops
 
 log = logging.getLogger("normlab.train")
 
@@ -68,8 +59,8 @@ class RunSettings:
 
 @dataclass(kw_only=True)
 class TrainingRun:
-    """Everything the loop in train.py reads: the config and its checked settings, the data, the model in
-    its three views, the optimizer where the run resumes, the hooks after each step, and where the run's metrics go."""
+    """What the loop in train.py reads: the config, its settings, the data, the model in three views, the optimizer
+    where the run resumes, the hooks after each step, and where the run's metrics go."""
 
     cfg: Config
     run_dir: Path
@@ -82,8 +73,8 @@ class TrainingRun:
     train_model: torch.nn.Module  # compiled, wrapped in DDP under torchrun (FSDP: the sharded model)
     sharded: bool  # train.parallel=fsdp: every process evaluates, probes and saves (collectives), rank 0 logs
     model_cfg: ModelConfig
-    optimizer: torch.optim.Optimizer  # or an optimizer of several parts (training/optim.py), which steps like one
-    post_step_hooks: list[PostStepHook]  # after every optimizer step (training/post_step.py)
+    optimizer: torch.optim.Optimizer  # or an optimizer of several parts (training/step/optim.py), which steps like one
+    post_step_hooks: list[PostStepHook]  # after every optimizer step (training/step/post_step.py)
     start_step: int  # 0, or the step of the checkpoint it resumed from
     resumed_from: Path | None
     elapsed_before: float  # training seconds before this process, across resumes
@@ -113,7 +104,7 @@ class TrainingRun:
         }
         keep = self.cfg.train.keep_checkpoints
         if self.sharded:  # each process writes its shards
-            from training.sharded_checkpoint import save_sharded
+            from training.checkpoints.sharded import save_sharded
 
             return save_sharded(self.run_dir, state, self.model, self.optimizer, keep, self.dist, self.unreadable)
         state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
@@ -132,7 +123,7 @@ def resolve_settings(cfg: Config, dist: Distributed, device: torch.device) -> Ru
         raise ConfigError(f"train.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
     global_batch, accum = split_global_batch(cfg.train, seq_len, dist.world_size)
     if cfg.train.parallel == "fsdp":
-        from training.fsdp import check_config
+        from training.step.fsdp import check_config
 
         check_config(cfg)
     try:
@@ -147,6 +138,10 @@ def check_run_identity(cfg: Config, run_dir: Path, settings: RunSettings) -> dic
 
     Returns None for a new run, else the entry that the resume will add to the run's record.
     """
+    if read_record(run_dir) is None and not list_checkpoints(run_dir):
+        return None  # a new run
+    from training.run.resume import check_resume
+
     config = {
         **dataclasses.asdict(cfg),
         "runtime": {"precision": settings.precision, "global_batch_tokens": settings.tokens_per_step},
@@ -217,44 +212,6 @@ def seeded_model(
     return model, model_cfg
 
 
-def restore(
-    run_dir: Path,
-    model,
-    optimizer,
-    model_cfg: ModelConfig,
-    data: Data,
-    cfg: Config,
-    dist: Distributed,
-    unreadable: set[Path],
-):
-    """Load the newest readable checkpoint of ``run_dir`` into model and optimizer, if there is one (those passed
-    over are added to ``unreadable``).
-
-    Returns (start step, checkpoint path or None, training seconds before this process).
-    """
-    if dist.is_main:
-        remove_partial_checkpoints(run_dir)
-    found = load_newest_readable(run_dir, next(model.parameters()).device, unreadable)
-    if found is None:
-        return 0, None, 0.0
-    source, state = found
-    check_same_model(state["model_config"], model_cfg.to_dict(), source)
-    if state["tokenizer"] != data.tokenizer.to_str():
-        raise CheckpointError(
-            f"{source} was trained with another tokenizer than data={cfg.data.name} now gives; "
-            "use the same data settings, or a new run directory (run_name=...)"
-        )
-    if source.suffix == ".dcp" or cfg.train.parallel == "fsdp":  # shards in, or out (training/sharded_checkpoint.py)
-        from training.sharded_checkpoint import restore_into
-
-        restore_into(source, state, model, optimizer)
-    else:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    restore_rng_states(state["rng"])
-    return state["step"], source, state["elapsed_s"]
-
-
 def runtime_record(
     model: Transformer,
     settings: RunSettings,
@@ -291,12 +248,12 @@ def runtime_record(
 def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distributed) -> TrainingRun | None:
     """The run ``cfg`` describes in ``run_dir``, resumed where it stopped; None when nothing is left to train."""
     source = init_record = None
-    if cfg.train.init_from:  # a new run with another's architecture, weights and tokenizer (training/init_from.py)
-        from training import init_from
+    if cfg.train.init_from:  # a new run with another's architecture, weights and tokenizer (training/run/init_from.py)
+        from training.run import init_from
 
         source = init_from.read_source(cfg, run_dir, init_from.user_keys(cfg, command_line_overrides()))
         init_from.adopt(cfg, source)
-        cfg.variant = run_label(cfg)  # what it trains; the run keeps the name it was given
+        cfg.variant = init_from.run_label(cfg)  # what it trains; the run keeps the name it was given
         check_config(cfg)  # the source's values beside the user's
     settings = resolve_settings(cfg, dist, device)
     configure_device(device)
@@ -309,6 +266,8 @@ def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distribute
             return None
         logged = max((row["step"] for row in rows), default=0)
         tcfg = cfg.train
+        from training.checkpoints.load import check_reachable
+
         check_reachable(run_dir, logged, min(tcfg.checkpoint_every, tcfg.max_steps), tcfg.max_steps)
     rows = None  # the embedding rows of the run it resumes, or of the checkpoint it starts from
     if resume_entry is not None:
@@ -324,6 +283,8 @@ def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distribute
     corpus = node_first(dist, lambda: open_corpus(cfg.data, source and source.tokenizer))  # the BPE, cached
     source = None  # the source's tensors are freed
     if resume_entry is not None:
+        from training.run.resume import check_same_data
+
         check_same_data(resume_entry, {"train": corpus.train.fingerprint, "val": corpus.val.fingerprint}, run_dir)
     learned = model_config(cfg, corpus.tokenizer.get_vocab_size(), rows)
     if learned.vocab_size != model_cfg.vocab_size:  # a BPE that learned fewer tokens than data.vocab_size asked
@@ -332,8 +293,8 @@ def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distribute
         hooks = checked_hooks(model, cfg, dist)
     data = node_first(dist, lambda: tokenize(corpus, cfg.data, settings.seq_len, settings.global_batch, cfg.seed))
     use_compile = should_compile(cfg.train.compile, device, cfg.train.max_steps)
-    if cfg.train.parallel == "fsdp":  # in place, the blocks compiled first when compiling (training/fsdp.py)
-        from training.fsdp import shard
+    if cfg.train.parallel == "fsdp":  # in place, the blocks compiled first when compiling (training/step/fsdp.py)
+        from training.step.fsdp import shard
 
         compiled = train_model = shard(model, device, dist, use_compile, settings.precision)
     else:
@@ -342,9 +303,15 @@ def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distribute
             train_model = DDP(compiled, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = build_optimizer(model, cfg.train, device)  # on the shards, under FSDP
     unreadable: set[Path] = set()
-    start_step, resumed_from, elapsed_before = restore(
-        run_dir, model, optimizer, model_cfg, data, cfg, dist, unreadable
-    )
+    start_step, resumed_from, elapsed_before = 0, None, 0.0
+    if dist.is_main:
+        remove_partial_checkpoints(run_dir)
+    if list_checkpoints(run_dir):  # load the newest readable one into the model and the optimizer
+        from training.run.resume import restore
+
+        sharded = cfg.train.parallel == "fsdp"
+        found = restore(run_dir, model, optimizer, model_cfg, data.tokenizer, sharded, unreadable)
+        start_step, resumed_from, elapsed_before = found
     if resumed_from and start_step >= cfg.train.max_steps:
         log.info("%s finished at step %d: nothing to train (a rerun of a sweep skips it)", run_dir, start_step)
         return None

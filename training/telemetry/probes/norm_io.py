@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from norms import Norm
-from training.probes.base import Probe, feature_kurtosis, kurtosis, rms_and_mean
+from training.telemetry.probes.base import Probe, feature_kurtosis, kurtosis, rms_and_mean
 
 
 class NormInputOutput(Probe):

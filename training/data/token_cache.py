@@ -15,8 +15,8 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from training.atomic import atomic_write
-from training.corpus import DataError, Split
-from training.tokenizer import eos_id
+from training.data.corpus import DataError, Split
+from training.data.tokenizer import eos_id
 
 _DOCS_PER_BATCH = 1024
 

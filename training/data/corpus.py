@@ -32,9 +32,9 @@ class Split:
 
 # data.source -> the function that reads it; the default corpus here, the others imported when chosen.
 SOURCES = {
-    "kjv": "training.corpus:kjv_splits",
-    "text_files": "training.corpus_files:text_file_splits",
-    "hf": "training.corpus_hub:hub_splits",
+    "kjv": "training.data.corpus:kjv_splits",
+    "text_files": "training.data.corpus_files:text_file_splits",
+    "hf": "training.data.corpus_hub:hub_splits",
 }
 
 

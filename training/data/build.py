@@ -1,9 +1,7 @@
 """From the ``data`` config to the tokenizer, training batches and fixed validation windows, in two steps:
 ``open_corpus`` (the splits, read lazily, and the tokenizer: a BPE trained on the training split and cached, or a
-given one), then ``tokenize`` (the token arrays, cached). A run builds its model between the two, once the
-tokenizer fixes its vocabulary and before the corpus is tokenized; ``build_data`` does both.
-
-``build_validation`` gives eval.py the validation windows alone, with the checkpoint's tokenizer.
+given one), then ``tokenize`` (the token arrays, cached); ``build_data`` does both. ``build_validation`` gives
+eval.py the validation windows alone, with the checkpoint's tokenizer.
 """
 
 from __future__ import annotations
@@ -16,10 +14,10 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from training.batches import TrainBatches, heldout_windows, validation_windows
-from training.corpus import Split, load_splits
-from training.token_cache import token_array
-from training.tokenizer import get_tokenizer, token_byte_lengths
+from training.data.batches import TrainBatches, heldout_windows, validation_windows
+from training.data.corpus import Split, load_splits
+from training.data.token_cache import token_array
+from training.data.tokenizer import get_tokenizer, token_byte_lengths
 
 
 @dataclass

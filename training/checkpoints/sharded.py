@@ -5,14 +5,14 @@ A checkpoint is a directory ``checkpoints/step_0000200.dcp`` holding
 
 - ``header.pt``: everything but the weights and the optimizer's moments (the step, the RNG states, the model
   and run configs, the tokenizer, the optimizer's param groups), written by rank 0 with ``torch.save`` and
-  read with ``weights_only=True`` like every checkpoint of ours (training/checkpoint.py);
+  read with ``weights_only=True`` like every checkpoint of ours (training/checkpoints/files.py);
 - ``torch.distributed.checkpoint``'s files (``.metadata``, ``__<rank>_0.distcp``): tensors only, keyed by
   parameter name (``model.layers.0.attn.qkv_proj.weight``, ``optimizer.layers.0.attn.qkv_proj.weight.exp_avg``)
   with their global shapes, so a run on another number of processes reads the slices it holds.
 
 It is written to ``.step_0000200.dcp.tmp`` and renamed once every process has written its part, so a save
 killed midway leaves the previous checkpoint in charge, as with ``.pt`` files. DCP reads its ``.metadata``
-with ``pickle``, which can run code; here training/dcp_metadata.py reads it as data, and a checkpoint that
+with ``pickle``, which can run code; here training/checkpoints/dcp_metadata.py reads it as data, and a checkpoint that
 holds anything but tensors, or misses a shard, is refused before any tensor is read.
 
 Either parallel mode reads the other's checkpoints: a sharded model loads a whole ``.pt`` (each process keeps
@@ -38,18 +38,13 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 from torch.distributed.tensor import DTensor
 
 from training.atomic import atomic_write
-from training.checkpoint import (
-    CheckpointError,
-    checkpoint_dir,
-    load_checkpoint,
-    load_newest_readable,
-    prune_checkpoints,
-    resolve_checkpoint,
-)
-from training.dcp_metadata import read_metadata
-from training.distributed import Distributed
+from training.checkpoints.dcp_metadata import read_metadata
+from training.checkpoints.files import checkpoint_dir, prune_checkpoints
+from training.checkpoints.load import load_checkpoint, load_newest_readable, resolve_checkpoint
+from training.errors import CheckpointError
+from training.step.distributed import Distributed
 
-HEADER = "header.pt"  # training/checkpoint.py reads it as a .dcp checkpoint's state
+HEADER = "header.pt"  # training/checkpoints/files.py reads it as a .dcp checkpoint's state
 # One process reading or writing every shard (no torchrun, or a whole model) is what we mean when DCP says this.
 warnings.filterwarnings("ignore", message="torch.distributed is .*uninitialized, assuming the intent is to")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from torch import nn
 
 from model.registry import resolve
-from training.distributed import Distributed
+from training.step.distributed import Distributed
 
 PostStepHook = Callable[[], dict[str, float]]
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from training.config import ConfigError
-from training.corpus import DataError
+from training.data.corpus import DataError
 
 
 def derive_seed(*parts: object) -> int:

@@ -1,5 +1,5 @@
-"""Where a run's metrics rows go: metrics.jsonl always (training/metrics_file.py), and wandb when configured
-(training/wandb_logger.py, imported only then); and, once a run is accepted, its log (train.log) and Hydra's
+"""Where a run's metrics rows go: metrics.jsonl always (training/telemetry/metrics_file.py), and wandb when configured
+(training/telemetry/wandb_logger.py, imported only then); and, once a run is accepted, its log (train.log) and Hydra's
 record of the command (.hydra/).
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from training.atomic import atomic_write_text
-from training.metrics_file import MetricsFile
-from training.run_record import append_resume, write_new_record
+from training.run.record import write_new_record
+from training.telemetry.metrics_file import MetricsFile
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -44,7 +44,7 @@ def record_command(cfg, run_dir: Path) -> None:
     root = logging.getLogger()
     held = next((h for h in root.handlers if isinstance(h, logging.handlers.MemoryHandler)), None)
     # The log first: one that cannot be opened stops the command before anything else is written. (A run's log
-    # that is a link was refused before anything was written: training/run_record.py check_run_directory.)
+    # that is a link was refused before anything was written: training/run/record.py check_run_directory.)
     file = logging.FileHandler(run_dir / f"{hydra_cfg.job.name}.log") if held is not None else None
     record = run_dir / ".hydra"
     record.mkdir(exist_ok=True)
@@ -68,10 +68,12 @@ def open_loggers(cfg, run_dir: Path, run_config: dict, data, resume: dict | None
         write_new_record(run_dir, run_config)
         (run_dir / "tokenizer.json").write_text(data.tokenizer.to_str())
     else:
+        from training.run.resume import append_resume
+
         append_resume(run_dir, resume, run_config["runtime"])
     loggers = [MetricsFile(run_dir / "metrics.jsonl", resume_step=None if resume is None else resume["step"])]
     if cfg.logger.name == "wandb":
-        from training.wandb_logger import WandbLogger
+        from training.telemetry.wandb_logger import WandbLogger
 
         group = cfg.logger.group or f"{cfg.model.name}-{cfg.variant}"
         loggers.append(WandbLogger(cfg.logger, run_dir, cfg.run_name, group, run_config))

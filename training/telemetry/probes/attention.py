@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from model.attention import Attention
-from training.probes.base import Probe
+from training.telemetry.probes.base import Probe
 
 
 @torch.no_grad()

@@ -1,14 +1,8 @@
-"""Checkpoint files: everything needed to continue a run exactly, written atomically, read safely.
+"""Checkpoints, read: as data only, past damaged ones, and checked against the run that would use them.
 
-A checkpoint holds the model and optimizer states, the step (which also fixes the data
-position and the learning rate), every RNG state, the model config, the run config and the
-tokenizer. Files are ``step_0000200.pt`` in ``<run dir>/checkpoints``; a file appears only
-once complete (temp file, then rename), so a killed save leaves the previous one usable.
-
-Every read uses ``torch.load(weights_only=True)``: a checkpoint someone sent you is data,
-never code. So everything in one is tensors and plain Python values; the NumPy RNG state,
-which NumPy hands out as an array, is stored as a tensor. Checkpoints written before that
-change hold a NumPy array, which is read by allowing exactly NumPy's array reconstruction.
+Every read uses ``torch.load(weights_only=True)``: a checkpoint someone sent you is data, never code.
+Checkpoints written before the NumPy RNG state was a tensor hold a NumPy array, which is read by allowing
+exactly NumPy's array reconstruction. Imported when a run has checkpoints to read, and by the readers.
 """
 
 from __future__ import annotations
@@ -16,66 +10,20 @@ from __future__ import annotations
 import logging
 import pickle
 import random
-import shutil
 import zipfile
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from model.config import ModelConfig, config_differences
-from training.atomic import atomic_write
-from training.errors import CheckpointError, UnsafeCheckpointError
+from model.from_state import model_config_of
+from training.checkpoints.files import CHECKPOINT_DIR, checkpoint_dir, list_checkpoints
+from training.errors import CheckpointError, UnsafeCheckpointError, first_clause
 from training.input_files import InputFileError, regular_file
 
 log = logging.getLogger(__name__)
-CHECKPOINT_DIR = "checkpoints"
-
-
-def checkpoint_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / CHECKPOINT_DIR
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first: .pt files and sharded .dcp directories (a killed save's temp files are not)."""
-    return sorted(path for path in checkpoint_dir(run_dir).glob("step_*") if path.suffix in (".pt", ".dcp"))
-
-
-def remove_partial_checkpoints(run_dir: Path) -> None:
-    """Delete temp files that a save killed mid-write left behind (they were never checkpoints)."""
-    for partial in checkpoint_dir(run_dir).glob(".step_*.tmp"):
-        shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
-
-
-def prune_checkpoints(run_dir: Path, keep: int, unreadable: frozenset[Path] = frozenset()) -> None:
-    """Keep the newest ``keep`` readable checkpoints (all of them for 0): those found ``unreadable`` (by a resume
-    that fell back past them) do not count, and are removed once ``keep`` readable ones are newer."""
-    found = list_checkpoints(run_dir)
-    readable = [path for path in found if path not in unreadable]
-    if keep <= 0 or len(readable) <= keep:
-        return
-    for old in found[: found.index(readable[-keep])]:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-
-
-def rng_states() -> dict[str, Any]:
-    """Every RNG state, as tensors and plain values (what the safe loader accepts)."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    states = {
-        "python": random.getstate(),
-        "numpy": {
-            "name": name,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
 
 
 def restore_rng_states(states: dict[str, Any]) -> None:
@@ -93,17 +41,6 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int, unreadable: set[Path] | None = None) -> Path:
-    """Write ``state`` as the checkpoint of ``state['step']``, then keep only the newest ``keep`` readable ones
-    (``unreadable``: those a resume passed over, less the one just written in the place of one)."""
-    path = checkpoint_dir(run_dir) / f"step_{state['step']:07d}.pt"
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
-    unreadable = set() if unreadable is None else unreadable
-    unreadable.discard(path)
-    prune_checkpoints(run_dir, keep, frozenset(unreadable))
-    return path
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -159,16 +96,10 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
         log.debug("torch.load(%s): %s", file, err)
         raise CheckpointError(f"could not read checkpoint {path}: {first_clause(err)}") from None
     if path.is_dir():  # its shards too, before any is read: a damaged one is passed over like a damaged file
-        from training.dcp_metadata import read_metadata
+        from training.checkpoints.dcp_metadata import read_metadata
 
         read_metadata(path)
     return state
-
-
-def first_clause(err: BaseException) -> str:
-    """An exception's first line, short: torch's own texts run to paragraphs (the whole goes to the debug log)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return (lines[0].split(". ")[0] if lines else type(err).__name__)[:160]
 
 
 def load_newest_readable(
@@ -221,13 +152,25 @@ def check_reachable(run_dir: Path, logged_step: int, first_checkpoint: int, last
     )
 
 
+def config_differences(a, b, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Each field (dotted, nested dataclasses walked) where two configs of one class differ, with both values."""
+    found = {}
+    for f in fields(a):
+        mine, theirs = getattr(a, f.name), getattr(b, f.name)
+        if is_dataclass(mine):
+            found.update(config_differences(mine, theirs, f"{prefix}{f.name}."))
+        elif mine != theirs:
+            found[f"{prefix}{f.name}"] = (mine, theirs)
+    return found
+
+
 def check_same_model(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:
     """Refuse a checkpoint whose model config differs from the one this code would build.
 
-    Either is read as ModelConfig.from_dict reads them: an older checkpoint's layout, and fields added since it was
+    Either is read as model/from_state.py reads them: an older checkpoint's layout, and fields added since it was
     written at their defaults, which are what the code that wrote it did (e.g. placement ``pre``).
     """
-    differences = config_differences(ModelConfig.from_dict(saved), ModelConfig.from_dict(current))
+    differences = config_differences(*(model_config_of(config, str(source)) for config in (saved, current)))
     if differences:
         listed = "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(differences.items()))
         raise CheckpointError(

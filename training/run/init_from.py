@@ -28,11 +28,13 @@ from tokenizers import Tokenizer
 from model import ModelConfig
 from model.config import ModelShape, NormConfig, NormOptions, NormRoles
 from model.from_state import model_config_of
-from training.checkpoint import CheckpointError, list_checkpoints
-from training.config import Config, ConfigError, default_config, set_value, value_at
-from training.run_record import find_record
-from training.sharded_checkpoint import read_checkpoint
-from training.tokenizer import get_tokenizer, read_tokenizer_file
+from training.checkpoints.files import list_checkpoints
+from training.checkpoints.sharded import read_checkpoint
+from training.config import LABELLED_GROUPS, Config, ConfigError, typed_config
+from training.data.tokenizer import get_tokenizer, read_tokenizer_file
+from training.errors import CheckpointError
+from training.run.label import variant_label
+from training.run.resume import find_record
 
 log = logging.getLogger("normlab.train")
 # Fields a difference in which makes the same shapes compute another function.
@@ -56,6 +58,38 @@ class Source:
     architecture: dict[str, Any]
     model_config: ModelConfig | None = None
     state: dict[str, Any] | None = None
+
+
+def value_at(cfg, key: str):
+    """The value of a dotted key (``norm.qk``) in a typed config."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def set_value(cfg, key: str, value) -> None:
+    """Set a dotted key (``norm.qk``) in a typed config."""
+    parent, _, leaf = key.rpartition(".")
+    setattr(value_at(cfg, parent) if parent else cfg, leaf, value)
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def default_config() -> Config:
+    """The config train.py composes from no override (inside a Hydra app, from the app's own config folder)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return typed_config(compose("config"))
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return typed_config(compose("config"))
+
+
+def run_label(cfg: Config) -> str:
+    """The variant label of a typed run config (``${norm_variant:}`` of the composed one)."""
+    return variant_label(lambda key: value_at(cfg, key), LABELLED_GROUPS)
 
 
 def user_keys(cfg: Config, overrides: list[str]) -> set[str]:

@@ -24,7 +24,7 @@ from model.registry import resolve
 
 WEIGHT_DECAY_MODES = ("coupled", "independent")
 # train.optimizer -> the class, built as cls(model, train_cfg, device)
-OPTIMIZERS = {"adamw": "training.adamw:adamw_for_model", "muon": "variants.muon:MuonWithAdamW"}
+OPTIMIZERS = {"adamw": "training.step.adamw:adamw_for_model", "muon": "variants.muon:MuonWithAdamW"}
 STATE_TENSORS = {torch.optim.AdamW: 2, torch.optim.Muon: 1}  # tensors of a parameter's size each keeps for it
 
 

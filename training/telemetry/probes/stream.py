@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from training.probes.base import Probe, feature_kurtosis, rms_and_mean
+from training.telemetry.probes.base import Probe, feature_kurtosis, rms_and_mean
 
 
 class ResidualStream(Probe):

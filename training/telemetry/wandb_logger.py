@@ -1,4 +1,4 @@
-"""The wandb logger: a run's metrics rows on wandb, beside metrics.jsonl (training/loggers.py).
+"""The wandb logger: a run's metrics rows on wandb, beside metrics.jsonl (training/telemetry/loggers.py).
 
 wandb must never hang a run: with mode ``auto`` it goes online only when the user is logged
 in, waits at most ``logger.init_timeout`` seconds for the server, and otherwise runs offline

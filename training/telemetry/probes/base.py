@@ -17,7 +17,7 @@ from torch import nn
 
 
 class Probe:
-    """Attach hooks to a model, run one forward pass (``training.probes.run_probes``), collect.
+    """Attach hooks to a model, run one forward pass (``training.telemetry.probes.run_probes``), collect.
 
     Hooks registered with ``hook`` time themselves: the pass takes that time out of the forward
     time it reports, so statistics do not inflate timings.

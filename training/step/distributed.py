@@ -1,4 +1,4 @@
-"""Process-group setup for torchrun: DDP (or FSDP2, training/fsdp.py) on NCCL for GPUs, gloo for CPUs.
+"""Process-group setup for torchrun: DDP (or FSDP2, training/step/fsdp.py) on NCCL for GPUs, gloo for CPUs.
 
 torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; without them this is a single process.
 """

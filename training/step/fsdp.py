@@ -15,7 +15,7 @@ run's policy: on bf16 runs (CUDA) ``param_dtype=bfloat16, reduce_dtype=float32``
 The sharded parameters the optimizer updates are float32 either way.
 
 Without torchrun there is one process and nothing to shard: the run trains as one process does and
-writes its checkpoints in the sharded format all the same (training/sharded_checkpoint.py), so a later
+writes its checkpoints in the sharded format all the same (training/checkpoints/sharded.py), so a later
 run on any number of processes continues it.
 """
 
@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from norms import Norm
 from training.config import ConfigError
-from training.distributed import Distributed
+from training.step.distributed import Distributed
 
 log = logging.getLogger("normlab.train")
 FULL_PRECISION = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)

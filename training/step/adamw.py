@@ -1,4 +1,4 @@
-"""AdamW as normlab configures it: decay on matrices only, in the configured form (training/optim.py says which)."""
+"""AdamW as normlab configures it: decay on matrices only, in the configured form (training/step/optim.py says which)."""
 
 from __future__ import annotations
 
