@@ -13,8 +13,8 @@
     qk_clip.py            QK-clip (Kimi K2): a post-step hook that rescales q and k where logits grew
     muon.py               Muon (Jordan et al. 2024; Moonlight): an optimizer for the blocks' matrices
 
-model/registry.py maps each placement and model switch to its file; training/optim.py and
-training/post_step.py map the training switches (train.optimizer, train.qk_clip). A variant plugs into
+model/registry.py maps each placement and model switch to its file; training/step/optim.py and
+training/step/post_step.py map the training switches (train.optimizer, train.qk_clip). A variant plugs into
 the core's slots by subclassing (model/attention.py, model/mlp.py, model/blocks.py), refuses what it cannot
 combine with in its own file (``refusal(cfg)`` for a config, or its classes' constructors for what only the
 built model shows), and a placement may word its part of the run's label.

@@ -1,4 +1,4 @@
-"""Muon for the blocks' matrices beside AdamW for the rest (``train.optimizer=muon``; training/optim.py).
+"""Muon for the blocks' matrices beside AdamW for the rest (``train.optimizer=muon``; training/step/optim.py).
 
 ``torch.optim.Muon`` (Jordan et al. 2024) orthogonalizes each update. A fused weight (q|k|v, gate|up) is
 orthogonalized per logical matrix, as Muon's authors recommend: the optimizer sees each one as a view of
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from model.matrices import logical_matrices
-from training.adamw import adamw, coupled_weight_decay
+from training.step.adamw import adamw, coupled_weight_decay
 
 
 def block_matrices(model: nn.Module) -> list[tuple[str, nn.Parameter, slice]]:

@@ -35,7 +35,9 @@ class ScaledVector(nn.Module):
     """A learned vector used as ``weight * (init / scale)``: it starts at ``init``, while the optimizer steps a
     parameter of size ``scale`` (nGPT's Sec. 2.6: so one learning rate suits vectors of every size)."""
 
-    keep_float32 = True  # a scale, like a norm's gain: kept float32 under any mixed-precision policy (training/fsdp.py)
+    keep_float32 = (
+        True  # a scale, like a norm's gain: kept float32 under any mixed-precision policy (training/step/fsdp.py)
+    )
 
     def __init__(self, size: int, init: float, scale: float) -> None:
         super().__init__()

@@ -14,7 +14,7 @@ maximum over every micro-batch of the step and every process. With QK-norm the p
 scale is normalized away, so the two are not combined (train.qk_clip is refused with norm.qk, HybridNorm's
 placements and norm.after_linear).
 Under train.parallel=fsdp each process rescales the rows of its own shard.
-``train.qk_clip`` registers ``QKClip`` as a post-step hook (training/post_step.py).
+``train.qk_clip`` registers ``QKClip`` as a post-step hook (training/step/post_step.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from model.attention import Attention, masked_scores
-from training.distributed import Distributed
+from training.step.distributed import Distributed
 
 
 def attentions(model: nn.Module) -> list[Attention]:
