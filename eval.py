@@ -46,10 +46,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from analysis.keys import metric_key
-from analysis.probes import STUDY_PROBES
-from analysis.probes.layer_importance import skip_deltas
-from analysis.runs import layer_values, read_evaluations
+from lab.keys import metric_key
+from lab.runs import layer_values, read_evaluations
+from lab.study_probes import STUDY_PROBES
+from lab.study_probes.layer_importance import skip_deltas
 from model import Transformer, build_model
 from model.config import PlainValues, declared, refusal
 from model.fold import fold_gains

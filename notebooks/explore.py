@@ -5,9 +5,9 @@
     python notebooks/explore.py --runs runs/stability     # every cell, headless
 
 Everything here is computed by normlab's own code: the norms library for the live panels,
-the analysis package for invariances and the prefix experiment (analysis.norm_properties),
-for reading runs and the summary table (analysis.runs, analysis.compare_runs) and for the kernel
-benchmark (analysis.bench_norms). Metric keys come from the probes' declarations (analysis.keys).
+the lab package for invariances and the prefix experiment (lab.norm_properties),
+for reading runs and the summary table (lab.runs, lab.compare_runs) and for the kernel
+benchmark (lab.bench_norms). Metric keys come from the probes' declarations (lab.keys).
 """
 
 import marimo
@@ -31,13 +31,12 @@ def _():
 
     ROOT = mo.notebook_dir().parent
 
-    from analysis.bench_norms import IMPLEMENTATIONS
-    from analysis.bench_norms import run as bench_norms_run
-    from analysis.compare_runs import SUMMARY_NOTE, summary_table
-    from analysis.keys import metric_key
-    from analysis.norm_properties import invariance_table, prefix_rms_error, registered_norms
-    from analysis.probes import STUDY_PROBES
-    from analysis.runs import (
+    from lab.bench_norms import IMPLEMENTATIONS
+    from lab.bench_norms import run as bench_norms_run
+    from lab.compare_runs import SUMMARY_NOTE, summary_table
+    from lab.keys import metric_key
+    from lab.norm_properties import invariance_table, prefix_rms_error, registered_norms
+    from lab.runs import (
         SWEPT,
         RunsError,
         check_comparable,
@@ -47,6 +46,7 @@ def _():
         load_run,
         loss_ceiling,
     )
+    from lab.study_probes import STUDY_PROBES
     from training.telemetry.probes import PROBES, resolve_probe
 
     LAYER_PANELS = {

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from analysis.runs import find_run_dirs, load_run
+from lab.runs import find_run_dirs, load_run
 from training.run.cpu_threads import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ Inputs are run directories, folders holding runs (a multirun sweep), or globs. E
 config.yaml and metrics.jsonl are read; runs are grouped by a config key (the norm variant,
 e.g. ``rmsnorm-peri-qk``, by default) and seeds are pooled: curves show the mean over a group's runs with a band of one
 standard deviation. The summary compares each group's final validation metric with the
-baseline group's, paired by seed as the studies compare (analysis.stats.paired_comparison; Welch's
+baseline group's, paired by seed as the studies compare (lab.stats.paired_comparison; Welch's
 unpaired test where seeds do not pair, named as such).
 
 Writes loss.png, throughput.png, activations.png, gains.png, depth.png, summary.md and summary.json
@@ -16,7 +16,7 @@ Writes loss.png, throughput.png, activations.png, gains.png, depth.png, summary.
 
 import sys
 
-from analysis.compare_runs import main
+from lab.compare_runs import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,12 +3,12 @@
     python scripts/run_study.py +experiment=stability_depth
     python scripts/depth_report.py runs/stability_depth --out docs/study/depth
 
-What it computes and writes: analysis/depth_report.py.
+What it computes and writes: lab/depth_report.py.
 """
 
 import sys
 
-from analysis.depth_report import main
+from lab.depth_report import main
 
 if __name__ == "__main__":
     sys.exit(main())

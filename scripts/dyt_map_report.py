@@ -3,15 +3,15 @@
     python train.py -m +experiment=dyt_map                                        # and the experiment's other commands
     python scripts/dyt_map_report.py runs/dyt_map --out docs/study/dyt
 
-What it reads, computes and writes: analysis/dyt_map.py.
+What it reads, computes and writes: lab/dyt_map.py.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from analysis.dyt_map import write_report
-from analysis.runs import report_command
+from lab.dyt_map import write_report
+from lab.runs import report_command
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,7 @@ from bench_train import hf_model, train_step
 from bench_variants import Variant, summarize
 from hydra import compose, initialize_config_dir
 
-from analysis.bench_norms import PASSES, build, bytes_moved, call_time, kernel_time, time_passes, unavailable
+from lab.bench_norms import PASSES, build, bytes_moved, call_time, kernel_time, time_passes, unavailable
 from norms import build_norm
 from training.config import typed_config
 from training.run.setup import configure_device

@@ -4,15 +4,15 @@
     python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]
     python scripts/outliers_report.py runs/outliers --out docs/outliers
 
-What it reads, computes and writes: analysis/outliers_report.py.
+What it reads, computes and writes: lab/outliers_report.py.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from analysis.outliers_report import write_report
-from analysis.runs import BASELINE, report_command
+from lab.outliers_report import write_report
+from lab.runs import BASELINE, report_command
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.claims import (
+from lab.claims import (
     equivalence_words,
     influence_words,
     outside_regime,
@@ -27,9 +27,9 @@ from analysis.claims import (
     seed_values_from_cells,
     seed_values_from_runs,
 )
-from analysis.format import interval, number
-from analysis.results import VAL_LOSS, load_results
-from analysis.study_spec import load_study_spec
+from lab.format import interval, number
+from lab.results import VAL_LOSS, load_results
+from lab.study_spec import load_study_spec
 
 SECTION = "## Claims under Holm's correction"
 

@@ -4,10 +4,10 @@
     python scripts/run_study.py +experiment=stability --dry-run       # what it would train, and how long
     python scripts/run_study.py +experiment=stability plan.report_seeds=3   # the spec's plan, changed
 
-The study's spec is configs/study/<experiment>.yaml (analysis/study_spec.py); ``plan.<key>=<value>``
+The study's spec is configs/study/<experiment>.yaml (lab/study_spec.py); ``plan.<key>=<value>``
 arguments change its plan. The other arguments besides --out and --dry-run are Hydra overrides, passed
 to every training command (hydra/launcher=submitit_slurm fans the runs out on a cluster). Stage by stage
-(analysis/study_plan.py: the grid, the edges, the seeds at the best rates) it trains what is
+(lab/study_plan.py: the grid, the edges, the seeds at the best rates) it trains what is
 missing through ``python train.py -m``, so an interrupted study resumes where it stopped when the
 command is run again. The report (scripts/study_report.py, or scripts/size_report.py for several models) lands in --out.
 """
@@ -27,15 +27,15 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from analysis.depth_report import write_depth_report
-from analysis.results import PLAN_FILE, VAL_LOSS, Result, capped_loss
-from analysis.runs import BASELINE, RunsError, load_runs
-from analysis.size_report import write_size_report
-from analysis.study import skip_deltas
-from analysis.study_plan import Job, StudyPlan, next_jobs, planned_runs, report_seeds
-from analysis.study_report import write_report
-from analysis.study_spec import StudySpecError, load_study_spec
-from analysis.unigram import compute_unigram_val_loss
+from lab.depth_report import write_depth_report
+from lab.results import PLAN_FILE, VAL_LOSS, Result, capped_loss
+from lab.runs import BASELINE, RunsError, load_runs
+from lab.size_report import write_size_report
+from lab.study import skip_deltas
+from lab.study_plan import Job, StudyPlan, next_jobs, planned_runs, report_seeds
+from lab.study_report import write_report
+from lab.study_spec import StudySpecError, load_study_spec
+from lab.unigram import compute_unigram_val_loss
 from training.config import register_configs
 from training.run.cpu_threads import concurrent_jobs
 from training.run.lock import lock_holder

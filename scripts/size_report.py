@@ -3,12 +3,12 @@
     python scripts/run_study.py +experiment=stability_size
     python scripts/size_report.py runs/stability --out docs/study/size
 
-What it computes and writes: analysis/size_report.py.
+What it computes and writes: lab/size_report.py.
 """
 
 import sys
 
-from analysis.size_report import main
+from lab.size_report import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,13 +4,13 @@
     python scripts/study_report.py runs/stability --out study/ --speed bench_out/variants/results.json
 
 What it computes (LR sensitivity, the claims' intervals and verdicts) and the figures it writes
-into --out, next to report.md: analysis/study_report.py. Several model sizes: scripts/size_report.py
+into --out, next to report.md: lab/study_report.py. Several model sizes: scripts/size_report.py
 (``--size`` here still runs it).
 """
 
 import sys
 
-from analysis import size_report, study_report
+from lab import size_report, study_report
 
 if __name__ == "__main__":
     if "--size" in sys.argv:  # the earlier spelling of scripts/size_report.py

@@ -1,11 +1,11 @@
-"""Synthetic study folders for the analysis tests: run directories as train.py writes them, with chosen losses."""
+"""Synthetic study folders for the lab tests: run directories as train.py writes them, with chosen losses."""
 
 import json
 import math
 
 import yaml
 
-from analysis.results import PLAN_FILE
+from lab.results import PLAN_FILE
 
 QK = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": "rmsnorm"}
 PRE = {"norm.name": "rmsnorm", "norm.placement": "pre", "norm.qk": None}

@@ -68,11 +68,11 @@ def test_panels_the_default_probes_leave_empty_name_the_probe_that_logs_them(swe
         "largest attention logit": "**largest attention logit** (`attn/layers.{i}/max_logit`): no selected run "
         "logged it; train with `attention` in `train.probes`.",
         "massive-activation ratio": "**massive-activation ratio** (`act/layers.{i}/massive_ratio`): no selected run "
-        "logged it; train with `analysis.probes.massive:MassiveActivations` in `train.probes`.",
+        "logged it; train with `lab.study_probes.massive:MassiveActivations` in `train.probes`.",
         "attention-sink mass": "**attention-sink mass** (`attn/layers.{i}/sink_mass`): no selected run logged it; "
-        "train with `analysis.probes.attention_sinks:AttentionSinks` in `train.probes`.",
+        "train with `lab.study_probes.attention_sinks:AttentionSinks` in `train.probes`.",
     }
-    assert "no selected run logged it; train with analysis.probes.massive:MassiveActivations in train.probes" in page
+    assert "no selected run logged it; train with lab.study_probes.massive:MassiveActivations in train.probes" in page
     notes = [a.text for a in defs["layers_figure"].layout.annotations if a.text == "not logged: see below"]
     assert len(notes) == 3  # in each empty panel itself
 
@@ -93,7 +93,7 @@ def test_a_panel_some_runs_lack_names_them_and_an_imported_model_is_sent_to_eval
     assert set(gaps) == {"largest attention logit", "massive-activation ratio", "attention-sink mass"}
     assert "not logged by `rmsnorm-s0`; train with `attention` in `train.probes`." in gaps["largest attention logit"]
     assert gaps["attention-sink mass"].endswith(
-        "no selected run logged it; train with `analysis.probes.attention_sinks:AttentionSinks` in `train.probes` "
+        "no selected run logged it; train with `lab.study_probes.attention_sinks:AttentionSinks` in `train.probes` "
         "or evaluate an imported model with `python eval.py checkpoint=<run>`."
     )
 

@@ -20,7 +20,7 @@ from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrid
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import eval as eval_script
-from analysis.runs import latest_eval, load_run
+from lab.runs import latest_eval, load_run
 from training.checkpoints.sharded import read_checkpoint
 from training.config import ConfigError, check_config
 from training.data.corpus import DataError

@@ -1,6 +1,6 @@
 """scripts/import_hf.py: Hugging Face Llama, Qwen3 and OLMo 2 models, built here from configs with random weights,
 become run directories that compute transformers' logits and that eval.py (its probes on a text of one's own too),
-export_hf.py, train.py and the readers (analysis.runs, the explorer, the outliers report) read."""
+export_hf.py, train.py and the readers (lab.runs, the explorer, the outliers report) read."""
 
 import contextlib
 import hashlib
@@ -22,10 +22,10 @@ from tiny_runs import CONFIG_DIR, read_metrics, train_here
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import eval as eval_script
-from analysis.outliers_report import MASSIVE
-from analysis.outliers_report import write_report as write_outliers_report
-from analysis.probes import STUDY_PROBES
-from analysis.runs import RunsError, load_run
+from lab.outliers_report import MASSIVE
+from lab.outliers_report import write_report as write_outliers_report
+from lab.runs import RunsError, load_run
+from lab.study_probes import STUDY_PROBES
 from model import Transformer
 from model.from_state import model_config_of
 from training.checkpoints.files import list_checkpoints

@@ -19,7 +19,7 @@ def test_norm_ngpt_sets_its_model_and_training_parts_over_the_groups_defaults(tr
 def test_an_interrupted_ngpt_run_resumes_bit_for_bit_on_the_sphere(tmp_path, cache_dir, optimizer):
     """The renormalization after every step is part of the step: a run resumed from step 2 logs what an
     uninterrupted one logs (with Muon too, whose views of the fused weights are renormalized in place)."""
-    extra = ("norm=ngpt", f"train.optimizer={optimizer}", "train.probes=[stream,analysis.probes.ngpt:NGPTScales]")
+    extra = ("norm=ngpt", f"train.optimizer={optimizer}", "train.probes=[stream,lab.study_probes.ngpt:NGPTScales]")
     run_tiny(tmp_path / "whole", cache_dir, 4, *extra)
     interrupted = tmp_path / "interrupted"
     run_tiny(interrupted, cache_dir, 4, *extra)

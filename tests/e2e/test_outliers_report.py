@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from tiny_runs import CONFIG_DIR, run_tiny
 
 import eval as eval_script
-from analysis import outliers_report as outliers
-from analysis.runs import RunsError
+from lab import outliers_report as outliers
+from lab.runs import RunsError
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import sys
 from run_study import evaluate_layer_importance, finished_losses
 from tiny_runs import ROOT, tiny_overrides
 
-from analysis.runs import find_runs
-from analysis.study import skip_deltas
-from analysis.study_plan import StudyPlan
+from lab.runs import find_runs
+from lab.study import skip_deltas
+from lab.study_plan import StudyPlan
 from training.run.lock import RunLock
 
 

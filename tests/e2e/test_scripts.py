@@ -1,4 +1,4 @@
-"""The scripts (compare_runs.py, norm_properties.py, bench_norms.py, bench_train.py) and the analysis library behind them."""
+"""The scripts (compare_runs.py, norm_properties.py, bench_norms.py, bench_train.py) and the lab library behind them."""
 
 import json
 import math
@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from tiny_runs import ROOT
 
-from analysis import compare_runs
+from lab import compare_runs
 from norms import NORM_NAMES
 
 PLOTS = ("loss.png", "throughput.png", "activations.png", "gains.png")

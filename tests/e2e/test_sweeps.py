@@ -9,8 +9,8 @@ import pytest
 import yaml
 from tiny_runs import ROOT, compose_config, read_metrics, tiny_overrides
 
-from analysis.study import matches
-from analysis.study_spec import load_study_spec
+from lab.study import matches
+from lab.study_spec import load_study_spec
 from training.run.resume import flatten
 
 STUDY_VARIANTS = sorted(p.stem for p in (ROOT / "configs" / "variant").glob("*.yaml"))

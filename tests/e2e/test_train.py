@@ -16,7 +16,7 @@ from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrid
 
 import model.transformer as transformer_module
 import training.run.setup as training_setup
-from analysis.unigram import compute_unigram_val_loss
+from lab.unigram import compute_unigram_val_loss
 from model import NormConfig, Transformer
 from norms import NORM_NAMES, build_norm
 from training.checkpoints.load import load_checkpoint
@@ -249,7 +249,7 @@ def test_design_space_variants_train_through_train_py(variant, tmp_path, cache_d
 
 
 def test_the_logit_controls_log_what_they_do(tmp_path, cache_dir):
-    probes = "train.probes=[norm_io,attention,logits,analysis.probes.timing:NormTime]"  # by name and by path
+    probes = "train.probes=[norm_io,attention,logits,lab.study_probes.timing:NormTime]"  # by name and by path
     run_tiny(tmp_path, cache_dir, 2, "train.z_loss=1e-2", "train.qk_clip=1e-3", "model.logit_softcap=5", probes)
     rows = read_metrics(tmp_path)
     assert all(r["train/z_loss"] > 0 for r in rows if "train/loss" in r)
@@ -269,7 +269,7 @@ def test_heldout_windows_are_logged_and_the_lab_draws_the_unigram_line_from_the_
     last = read_metrics(tmp_path)[-1]
     assert {"val/loss", "heldout/loss", "heldout/bpb"} <= set(last) and last["heldout/loss"] != last["val/loss"]
     record = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert "unigram_val_loss" not in record["runtime"]  # a study's line, drawn by the lab (analysis/unigram.py)
+    assert "unigram_val_loss" not in record["runtime"]  # a study's line, drawn by the lab (lab/unigram.py)
     unigram = compute_unigram_val_loss(OmegaConf.create(record))
     assert 0 < unigram < math.log(4096)  # token frequencies alone beat the uniform guess
 

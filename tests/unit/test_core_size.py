@@ -1,7 +1,7 @@
 """The core stays what a newcomer reads in an afternoon: what `python train.py norm=rmsnorm` imports of ours.
 
 A run of one step on the tiny model records every module of ours in ``sys.modules`` at exit (lazy
-imports included); their lines must stay at most 5,091, and none may come from the lab (``analysis``) or from the
+imports included); their lines must stay at most 5,091, and none may come from the lab (``lab``) or from the
 papers' variants (``variants``: a config that chooses none imports none).
 """
 
@@ -39,6 +39,6 @@ def test_train_py_imports_only_the_core_and_at_most_5091_lines_of_it(tmp_path, c
     files = {Path(f).resolve() for f in json.loads(line.removeprefix("MODULES=")) if f}
     ours = {f.relative_to(ROOT) for f in files if f.is_relative_to(ROOT) and f.suffix == ".py" and f.is_file()}
     ours = {f for f in ours if f.parts[0] != ".venv"}
-    assert not [f for f in ours if f.parts[0] in ("analysis", "variants", "scripts", "notebooks")]
+    assert not [f for f in ours if f.parts[0] in ("lab", "variants", "scripts", "notebooks")]
     lines = sum(len((ROOT / f).read_text().splitlines()) for f in ours)
     assert lines <= CORE_LINES, f"the core grew to {lines} lines over {len(ours)} modules: {sorted(map(str, ours))}"

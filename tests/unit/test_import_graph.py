@@ -1,4 +1,4 @@
-"""The layers import one way (norms -> model -> training -> variants -> analysis -> scripts, notebooks, entry
+"""The layers import one way (norms -> model -> training -> variants -> lab -> scripts, notebooks, entry
 points), and no module imports itself back through others. Read from the source, lazy imports included.
 
 The papers' variants (variants/) may import norms, model and training; model and training reach a variant only
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("norms", "model", "training", "variants", "analysis")  # each may import only itself and those before it
+LAYERS = ("norms", "model", "training", "variants", "lab")  # each may import only itself and those before it
 TOP = ("train", "eval", "scripts", "notebooks")  # the readers' side: nothing of ours imports these
 
 
@@ -29,7 +29,7 @@ def our_modules() -> dict[str, Path]:
 
 
 def imports_of(path: Path, known: set[str]) -> set[str]:
-    """Our modules that ``path`` imports anywhere in it (``from analysis import study`` names analysis.study)."""
+    """Our modules that ``path`` imports anywhere in it (``from lab import study`` names lab.study)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -67,9 +67,7 @@ def test_every_import_goes_down_the_layers(graph):
         for target in targets
         if rank(target) > rank(source) or (rank(target) == len(LAYERS) and rank(source) < len(LAYERS))
     )
-    assert not upward, "imports against norms -> model -> training -> variants -> analysis -> scripts:\n" + "\n".join(
-        upward
-    )
+    assert not upward, "imports against norms -> model -> training -> variants -> lab -> scripts:\n" + "\n".join(upward)
 
 
 def test_every_layer_is_read(graph):
@@ -118,9 +116,9 @@ def test_no_module_imports_itself_through_others(graph):
 def test_the_checker_sees_a_lazy_import_and_a_from_import(tmp_path):
     """The graph is only as good as its parser: a function-level import and ``from pkg import mod`` count."""
     source = tmp_path / "probe.py"
-    source.write_text("def f():\n    from analysis import study\n    import training.config\n")
-    assert imports_of(source, {"analysis", "analysis.study", "training", "training.config"}) == {
-        "analysis",
-        "analysis.study",
+    source.write_text("def f():\n    from lab import study\n    import training.config\n")
+    assert imports_of(source, {"lab", "lab.study", "training", "training.config"}) == {
+        "lab",
+        "lab.study",
         "training.config",
     }
