@@ -18,7 +18,7 @@ from torch import nn
 from model.attention import KVCache
 from model.blocks import Block
 from model.config import ModelConfig
-from model.loss import LossTerms, fused_linear_cross_entropy, softcap
+from model.loss import LossTerms, fused_linear_cross_entropy, softcap, summed_cross_entropy
 from model.norm_roles import norm_for
 from model.rope import rope_tables
 from norms import Norm
@@ -122,12 +122,14 @@ class Transformer(nn.Module):
         caches: list[KVCache] | None = None,
         start_pos: int = 0,
         z_loss: float = 0.0,
+        summed: bool = False,
     ) -> torch.Tensor | LossTerms:
         """Logits (batch, seq, vocab) for token ids (batch, seq), soft-capped when configured; with
-        ``targets``, the loss terms instead (mean cross-entropy, plus ``z_loss * mean(lse^2)``).
+        ``targets``, the loss terms instead (mean cross-entropy, plus ``z_loss * mean(lse^2)``), or with
+        ``summed`` the cross-entropy summed over the tokens (validation's; no gradient).
 
         The loss fuses the LM head with the cross-entropy (model/loss.py), so training never
-        materializes the logits.
+        materializes the logits, and validation holds a chunk of them at a time.
         """
         seq = tokens.shape[1]
         if start_pos + seq > self.cfg.max_seq_len:
@@ -139,6 +141,8 @@ class Transformer(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
         head = self.head_weight()
+        if summed:
+            return summed_cross_entropy(x, head, targets, self.cfg.logit_softcap)
         if targets is not None:
             return fused_linear_cross_entropy(x, head, targets, z_loss, self.cfg.logit_softcap)
         return softcap(F.linear(x, head), self.cfg.logit_softcap)

@@ -1,6 +1,7 @@
 """Checkpoints and exact resume, with real SIGKILLs of real training processes."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,3 +146,21 @@ def test_resume_drops_metrics_after_the_checkpoint_and_a_torn_last_line(tmp_path
     path.write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n{"step": 3, "train/lo')
     MetricsFile(path, resume_step=1).close()
     assert path.read_text() == '{"step": 1, "train/loss": 2.0}\n'
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_run_on_a_gpu_resumes_to_the_uninterrupted_losses(tmp_path, cache_dir, parallel):
+    """On CUDA the checkpoint's RNG states come back as CPU tensors, which torch.set_rng_state needs (read onto the
+    model's device they were CUDA tensors, and every GPU resume stopped there)."""
+    gpu = ("device=cuda", "train.compile=false", f"train.parallel={parallel}")
+    uninterrupted, killed = tmp_path / "a", tmp_path / "b"
+    run_tiny(uninterrupted, cache_dir, 4, *gpu)
+    run_tiny(killed, cache_dir, 4, *gpu)
+    for path in list_checkpoints(killed)[1:]:  # killed after its step-2 checkpoint, as it were
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    run_tiny(killed, cache_dir, 4, *gpu)
+    losses = [
+        {r["step"]: r["train/loss"] for r in read_metrics(run) if "train/loss" in r} for run in (uninterrupted, killed)
+    ]
+    assert losses[0] == losses[1]

@@ -178,7 +178,9 @@ def restore(run_dir: Path, model, optimizer, model_cfg, tokenizer, sharded: bool
 
     Returns (its step, its path, the training seconds before this process).
     """
-    source, state = load_newest_readable(run_dir, next(model.parameters()).device, unreadable)
+    # Read into host memory: the RNG states must be CPU tensors (torch.set_rng_state refuses CUDA ones, which is
+    # what reading onto a GPU model's device gave them), and load_state_dict copies the rest to where it belongs.
+    source, state = load_newest_readable(run_dir, "cpu", unreadable)
     check_same_model(state["model_config"], model_cfg.to_dict(), source)
     if state["tokenizer"] != tokenizer.to_str():
         raise CheckpointError(

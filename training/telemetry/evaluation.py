@@ -6,7 +6,6 @@ import contextlib
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -32,9 +31,8 @@ def evaluate(
         for chunk in windows.split(batch_size):
             chunk = chunk.to(device)
             inputs, targets = chunk[:, :-1], chunk[:, 1:]
-            with autocast:
-                logits = model(inputs)
-            total_nats += F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum").item()
+            with autocast:  # no float32 logits for the whole batch (model/loss.py summed_cross_entropy)
+                total_nats += model(inputs, targets, summed=True).item()
             total_tokens += targets.numel()
             total_bytes += token_bytes[targets.cpu()].sum().item()
     finally:
