@@ -122,22 +122,22 @@ def preconditions_fail(claim: Claim, study: Study, arm: str | None, against: str
     missing = [str(fields) for fields, v in sides if v is None]
     if missing:
         return f"no variant in these runs has {' or '.join(missing)}"
-    variants = [v for _, v in sides]
-    untrained = sorted(set(variants) & study.untrained)
+    arms = [v for _, v in sides]
+    untrained = sorted(set(arms) & study.untrained)
     if untrained:
         return f"{', '.join(untrained)} did not train at any rate here"
     if claim.statistic == "lr_sensitivity" and len(study.grid) < MIN_COMMON_RATES:
         return f"the variants share {len(study.grid)} rates, fewer than the {MIN_COMMON_RATES} a sensitivity compares"
-    at_edge = sorted(v for v in set(variants) if not study.best_inside(v))
+    at_edge = sorted(v for v in set(arms) if not study.best_inside(v))
     if at_edge:
         return f"{', '.join(at_edge)}: best rate at an edge of the rates run, so its best is not known"
-    for variant in variants:
-        config = flatten(study.config(variant))
+    for arm in arms:
+        config = flatten(study.config(arm))
         bound = next((fields for fields in claim.fixed_by if matches(config.__getitem__, fields)), None)
         if bound is not None:
-            return f"{claim.statistic} is bounded by construction in {variant} ({bound}), so a difference is no finding"
+            return f"{claim.statistic} is bounded by construction in {arm} ({bound}), so a difference is no finding"
         if (why := outside_regime(claim, config)) is not None:
-            return f"outside the paper's regime: {variant} has {why}"
+            return f"outside the paper's regime: {arm} has {why}"
     if claim.requires and against is not None:
         needed = STATISTICS[claim.requires["statistic"]]
         value = needed.compute(study, against, seeds_for(study, needed, against))
@@ -158,8 +158,8 @@ def evaluate_claim(claim: Claim, study: Study) -> dict:
     statistic = STATISTICS[claim.statistic]
     if statistic.pairwise and claim.against is None:
         raise RunsError(f"claim {claim.claim!r}: {claim.statistic} is read on two arms together; give it an `against`")
-    arm = study.variant_with(claim.arm)
-    against = study.variant_with(claim.against) if claim.against is not None else None
+    arm = study.arm_with(claim.arm)
+    against = study.arm_with(claim.against) if claim.against is not None else None
     result = {
         "claim": claim.claim,
         "source": claim.source,
@@ -397,14 +397,14 @@ def seed_values_from_cells(data: dict, claim: dict) -> dict | None:
     def capped(cell: dict) -> float:
         return initial if cell["diverged"] or cell["loss"] is None else min(cell["loss"], initial)
 
-    def value(variant: str, seed: int) -> float | None:
+    def value(arm: str, seed: int) -> float | None:
         if claim["statistic"] == "best_loss":
-            cell = cells.get((variant, data["variants"][variant]["best_lr"], seed))
+            cell = cells.get((arm, data["variants"][arm]["best_lr"], seed))
             if cell is None:
                 return None
             held = cell.get("heldout_loss")
             return capped(cell) if held is None or cell["diverged"] else min(held, initial)
-        curve = [cells.get((variant, lr, seed)) for lr in data["learning_rates"]]
+        curve = [cells.get((arm, lr, seed)) for lr in data["learning_rates"]]
         return None if None in curve else lr_sensitivity({c["lr"]: capped(c) for c in curve})
 
     return _values_of(claim, _seeds_asked(data, claim), value)
@@ -430,10 +430,10 @@ def seed_values_from_runs(data: dict, claim: dict, results: list[Result]) -> dic
     rate = rate_of(data)
     if rate is None:  # a study.json older than the rate's record
         return None
-    runs = {(r.variant, r.lr, r.seed): r for r in results}
+    runs = {(r.arm, r.lr, r.seed): r for r in results}
 
-    def value(variant: str, seed: int) -> float | None:
-        run = runs.get((variant, rate, seed))
+    def value(arm: str, seed: int) -> float | None:
+        run = runs.get((arm, rate, seed))
         return None if run is None else value_of(run)
 
     return _values_of(claim, _seeds_asked(data, claim), value)

@@ -37,18 +37,18 @@ def _layer_means(per_run: list[list[float]]) -> list[float] | None:
     return [statistics.fmean(block) for block in zip(*per_run)]
 
 
-def variant_entry(study: Study, variant: str) -> dict:
+def arm_entry(study: Study, arm: str) -> dict:
     """One variant at one depth: its rates and best rate, whether it trained, its held-out best loss over the
     report seeds with Student's t interval, and its blocks' importance and stream RMS at that rate (report
     seeds' mean)."""
-    summary = study.summaries[variant]
-    losses = per_seed(study, BEST_LOSS, variant, summary.report_seeds)
-    at_best = [study.cells[(variant, summary.best_lr, s)] for s in summary.report_seeds]
+    summary = study.summaries[arm]
+    losses = per_seed(study, BEST_LOSS, arm, summary.report_seeds)
+    at_best = [study.cells[(arm, summary.best_lr, s)] for s in summary.report_seeds]
     return {
         "rates": summary.rates,
         "best_lr": summary.best_lr,
-        "best_lr_inside": study.best_inside(variant),
-        "trained": variant not in study.untrained,
+        "best_lr_inside": study.best_inside(arm),
+        "trained": arm not in study.untrained,
         "selection_seeds": summary.selection_seeds,
         "report_seeds": summary.report_seeds,
         "best_loss": {
@@ -80,7 +80,7 @@ def by_depth(results: list[Result], baseline: str, inputs: list[str]) -> list[di
                 "model": name,
                 "d_model": config["model"]["d_model"],
                 "params": config["runtime"].get("params"),
-                "variants": {v: variant_entry(study, v) for v in study.summaries},
+                "variants": {v: arm_entry(study, v) for v in study.summaries},
                 "claims": evaluated,
             }
         )
@@ -94,16 +94,16 @@ def by_depth(results: list[Result], baseline: str, inputs: list[str]) -> list[di
 def plot_loss_vs_depth(rows: list[dict], path: Path, unigram: float | None) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, variant in enumerate(rows[0]["variants"]):
+    for i, arm in enumerate(rows[0]["variants"]):
         # the depths at which the variant has a reported loss (report seeds at its best rate)
         reported = [
-            row for row in rows if row["variants"].get(variant, {}).get("best_loss", {}).get("mean") is not None
+            row for row in rows if row["variants"].get(arm, {}).get("best_loss", {}).get("mean") is not None
         ]
         depths = [row["n_layers"] for row in reported]
-        losses = [row["variants"][variant]["best_loss"] for row in reported]
+        losses = [row["variants"][arm]["best_loss"] for row in reported]
         ys = [loss["mean"] for loss in losses]
         errors = error_bars(ys, [loss["ci95"] for loss in losses])
-        ax.errorbar(depths, ys, yerr=errors, marker="o", capsize=4, label=variant, color=plt.get_cmap("tab10")(i))
+        ax.errorbar(depths, ys, yerr=errors, marker="o", capsize=4, label=arm, color=plt.get_cmap("tab10")(i))
     if unigram is not None:
         ax.axhline(unigram, color="grey", linestyle=":", label="unigram loss")
     ax.set_xscale("log", base=2)
@@ -125,11 +125,11 @@ def plot_layer_importance(rows: list[dict], path: Path) -> None:
             (("skip_delta", "skip delta (nats)"), ("angular_distance", "angular distance"))
         ):
             ax = axes[line][col]
-            for i, (variant, entry) in enumerate(row["variants"].items()):
+            for i, (arm, entry) in enumerate(row["variants"].items()):
                 values = entry["layer_importance"][key]
                 if values:
                     ax.plot(
-                        range(1, len(values) + 1), values, marker=".", label=variant, color=plt.get_cmap("tab10")(i)
+                        range(1, len(values) + 1), values, marker=".", label=arm, color=plt.get_cmap("tab10")(i)
                     )
             ax.set_title(f"{row['n_layers']} layers")
             ax.set_xlabel("block")
@@ -158,10 +158,10 @@ def write_depth_report(inputs: list[str], out: Path, metric: str, baseline: str)
     out.mkdir(parents=True, exist_ok=True)
     plot_loss_vs_depth(rows, out / "loss_vs_depth.png", unigram)
     plot_layer_importance(rows, out / "layer_importance.png")
-    variants = list(rows[0]["variants"])
+    arms = list(rows[0]["variants"])
     header = "| variant | " + " | ".join(f"{row['n_layers']} layers: best lr, held-out loss [95% CI]" for row in rows)
     table = [header + " |", "|---|" + "---|" * len(rows)]
-    for v in variants:
+    for v in arms:
         cells = []
         for row in rows:
             e = row["variants"].get(v)
@@ -187,7 +187,7 @@ def write_depth_report(inputs: list[str], out: Path, metric: str, baseline: str)
     report = f"""# Depth study
 
 {len(results)} runs: {len(rows)} depths ({", ".join(str(r["n_layers"]) for r in rows)} layers, width {rows[0]["d_model"]}) x
-{len(variants)} variants, metric `{metric}`. Every variant at its own best rate per depth, chosen on its
+{len(arms)} variants, metric `{metric}`. Every variant at its own best rate per depth, chosen on its
 selection seeds; the loss there comes from report seeds that did not choose it, on held-out windows,
 with Student's t interval over those seeds. A variant trained when its best loss is 0.3 nats below
 the unigram loss{f" ({unigram:.3f})" if unigram is not None else ""}.

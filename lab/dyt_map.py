@@ -117,7 +117,7 @@ def map_rates(candidates: list[dict]) -> list[float]:
     return sorted({s["lr"] for s in candidates if MAP_SEED in s["seeds"]})
 
 
-def best_rate(candidates: list[dict]) -> tuple[dict | None, str | None]:
+def tuned_rate(candidates: list[dict]) -> tuple[dict | None, str | None]:
     """Of one setting at several rates, the rate with the lowest loss on the map's seed (which chooses it),
     or None and why: the map's seed ran fewer than MIN_RATES rates, diverged at every one, or did best at an
     edge of them."""
@@ -146,11 +146,11 @@ def against_no_norm(best: dict, settings: list[dict]) -> dict:
     each at its own best rate, both chosen on the map's seed over at least MIN_RATES rates; the difference
     paired over the seeds that did not choose them (two or more). Else the reason it is not compared."""
     family = at_other_rates(best, settings)
-    dyt, why = best_rate(family)
+    dyt, why = tuned_rate(family)
     if dyt is None:
         return {"reason": f"{best['norm']}'s rate is not tuned: {why}"}
     control_family = at_other_rates({**best, "norm": "identity", "alpha": None}, settings)
-    control, why = best_rate(control_family)
+    control, why = tuned_rate(control_family)
     if control is None:
         return {"reason": f"the no-norm control's rate is not tuned: {why}"}
     mine, theirs = report_losses(dyt), report_losses(control)

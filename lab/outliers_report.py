@@ -60,7 +60,7 @@ class Point:
     """One run, evaluated: float loss, outlier statistics, and the loss increase under each scheme."""
 
     run: Run
-    variant: str
+    arm: str
     seed: int
     loss: float
     kurtosis: float
@@ -119,16 +119,16 @@ def load_points(inputs: list[str]) -> tuple[list[Point], list[str]]:
         )
     if not points:
         raise RunsError(f"no run under {', '.join(inputs)} has a quantized evaluation; run {EVAL_COMMAND}")
-    shared = shared_switches([p.variant for p in points])
+    shared = shared_switches([p.arm for p in points])
     for p in points:
-        p.variant = without_switches(p.variant, shared)
+        p.arm = without_switches(p.arm, shared)
     return points, skipped
 
 
-def _by_variant(points: list[Point]) -> dict[str, list[Point]]:
+def _by_arm(points: list[Point]) -> dict[str, list[Point]]:
     grouped: dict[str, list[Point]] = {}
-    for p in sorted(points, key=lambda p: (p.variant, p.seed)):
-        grouped.setdefault(p.variant, []).append(p)
+    for p in sorted(points, key=lambda p: (p.arm, p.seed)):
+        grouped.setdefault(p.arm, []).append(p)
     return grouped
 
 
@@ -136,19 +136,19 @@ def _summary(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "ci95": t_interval(values), "n": len(values)}
 
 
-def paired_cost(points: list[Point], variant: str, baseline: str, scheme: str) -> dict | None:
+def paired_cost(points: list[Point], arm: str, baseline: str, scheme: str) -> dict | None:
     """``variant``'s loss increase under ``scheme`` minus the baseline's, paired by seed."""
-    return paired_difference(points, variant, baseline, lambda p: p.deltas.get(scheme))
+    return paired_difference(points, arm, baseline, lambda p: p.deltas.get(scheme))
 
 
-def paired_difference(points: list[Point], variant: str, baseline: str, value) -> dict | None:
+def paired_difference(points: list[Point], arm: str, baseline: str, value) -> dict | None:
     """``value(point)`` of ``variant`` minus the baseline's, paired by seed: mean, 95% interval, p."""
-    grouped = _by_variant(points)
-    if variant not in grouped or baseline not in grouped:
+    grouped = _by_arm(points)
+    if arm not in grouped or baseline not in grouped:
         return None
     base = {p.seed: value(p) for p in grouped[baseline]}
     pairs = [
-        (value(p), base[p.seed]) for p in grouped[variant] if base.get(p.seed) is not None and value(p) is not None
+        (value(p), base[p.seed]) for p in grouped[arm] if base.get(p.seed) is not None and value(p) is not None
     ]
     if not pairs:
         return None
@@ -173,9 +173,9 @@ def setup(points: list[Point]) -> dict:
 
 
 def summarize(points: list[Point], baseline: str) -> dict:
-    variants = {}
-    for variant, runs in _by_variant(points).items():
-        variants[variant] = {
+    arms = {}
+    for arm, runs in _by_arm(points).items():
+        arms[arm] = {
             "loss": _summary([p.loss for p in runs]),
             "kurtosis": _summary([p.kurtosis for p in runs]),
             "massive_ratio": _summary([p.massive_ratio for p in runs]),
@@ -183,14 +183,14 @@ def summarize(points: list[Point], baseline: str) -> dict:
             "pinned_massive_activation": sum(p.pinned for p in runs),
             "trained": all(p.trained for p in runs),
             "delta": {s: _summary([p.deltas[s] for p in runs if s in p.deltas]) for s in SCHEMES},
-            "vs_baseline": paired_cost(points, variant, baseline, PER_TENSOR) if variant != baseline else None,
-            "kurtosis_vs_baseline": paired_difference(points, variant, baseline, lambda p: p.kurtosis)
-            if variant != baseline
+            "vs_baseline": paired_cost(points, arm, baseline, PER_TENSOR) if arm != baseline else None,
+            "kurtosis_vs_baseline": paired_difference(points, arm, baseline, lambda p: p.kurtosis)
+            if arm != baseline
             else None,
         }
     # One point per variant (its seeds averaged): the variant is the unit that varies, its seeds are not
     # independent points. An untrained model's outliers say nothing.
-    counted = [v for v in variants.values() if v["trained"] and v["delta"][PER_TENSOR]["n"]]
+    counted = [v for v in arms.values() if v["trained"] and v["delta"][PER_TENSOR]["n"]]
     cost = [v["delta"][PER_TENSOR]["mean"] for v in counted]
     correlation = {
         name: dict(zip(("rho", "p"), found))
@@ -206,8 +206,8 @@ def summarize(points: list[Point], baseline: str) -> dict:
         "setup": setup(points),
         "learning_rates": sorted({p.lr for p in points}),
         # the positive control's premise: its outlier features are heavier than the baseline's
-        "control_kurtosis": (variants.get(POSITIVE_CONTROL) or {}).get("kurtosis_vs_baseline"),
-        "variants": variants,
+        "control_kurtosis": (arms.get(POSITIVE_CONTROL) or {}).get("kurtosis_vs_baseline"),
+        "variants": arms,
         "rank_correlation": {**{f"{k}_vs_{PER_TENSOR}": v for k, v in correlation.items()}, "variants": len(counted)},
     }
 
@@ -215,7 +215,7 @@ def summarize(points: list[Point], baseline: str) -> dict:
 def plot_quant_vs_outliers(points: list[Point], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(2, len(SCHEMES), figsize=(4.2 * len(SCHEMES), 7.5), squeeze=False)
-    colors = {v: f"C{i}" for i, v in enumerate(_by_variant(points))}
+    colors = {v: f"C{i}" for i, v in enumerate(_by_arm(points))}
     markers = "os^Dvx"
     for row, (attr, label) in enumerate(
         (
@@ -230,9 +230,9 @@ def plot_quant_vs_outliers(points: list[Point], path: Path) -> None:
                     ax.scatter(
                         getattr(p, attr),
                         p.deltas[scheme],
-                        color=colors[p.variant],
+                        color=colors[p.arm],
                         marker=markers[p.seed % len(markers)],
-                        label=p.variant if p.seed == min(q.seed for q in points) else None,
+                        label=p.arm if p.seed == min(q.seed for q in points) else None,
                     )
             ax.set_xscale("log")
             ax.set_xlabel(label)
@@ -246,10 +246,10 @@ def plot_quant_vs_outliers(points: list[Point], path: Path) -> None:
 def plot_depth(points: list[Point], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for variant, runs in _by_variant(points).items():
+    for arm, runs in _by_arm(points).items():
         for ax, key in zip(axes, ("massive", "sink")):
             per_layer = [statistics.fmean(values) for values in zip(*(p.by_layer[key] for p in runs))]
-            ax.plot(range(1, len(per_layer) + 1), per_layer, marker="o", label=variant)
+            ax.plot(range(1, len(per_layer) + 1), per_layer, marker="o", label=arm)
     axes[0].set_yscale("log")
     axes[0].set_ylabel("massive-activation ratio: max |h| / median |h|")
     axes[1].set_ylabel("attention-sink mass: mean weight on position 0")
@@ -267,15 +267,15 @@ def _mean_and_interval(entry: dict, spec: str = ".3g") -> str:
 
 def conclusions(summary: dict) -> list[str]:
     """What the data supports, from the intervals (never from the means alone)."""
-    variants, baseline = summary["variants"], summary["baseline"]
+    arms, baseline = summary["variants"], summary["baseline"]
     lines = []
-    untrained = [v for v, e in variants.items() if not e["trained"]]
+    untrained = [v for v, e in arms.items() if not e["trained"]]
     lrs = summary["learning_rates"]
     lines.append(
         f"Every run trained at lr {', '.join(f'{lr:g}' for lr in lrs)}, not at each variant's own best rate: the "
         "costs below are of untuned variants, and a variant's rate is a confound of its cost."
     )
-    control = variants.get(POSITIVE_CONTROL, {}).get("vs_baseline")
+    control = arms.get(POSITIVE_CONTROL, {}).get("vs_baseline")
     premise = summary.get("control_kurtosis")
     if premise and premise["ci95"] and not premise["ci95"][0] > 0:
         lines.append(
@@ -285,7 +285,7 @@ def conclusions(summary: dict) -> list[str]:
         )
     if control and not {POSITIVE_CONTROL, baseline} & set(untrained):
         ci = control["ci95"]
-        k_control, k_base = variants[POSITIVE_CONTROL]["kurtosis"]["mean"], variants[baseline]["kurtosis"]["mean"]
+        k_control, k_base = arms[POSITIVE_CONTROL]["kurtosis"]["mean"], arms[baseline]["kurtosis"]["mean"]
         shown = (
             "costs more"
             if ci and ci[0] > 0
@@ -305,20 +305,20 @@ def conclusions(summary: dict) -> list[str]:
             f"{number(summary['setup']['unigram_loss'], '.3f')}), so "
             "its outlier statistics and quantization costs are left out of every statement below."
         )
-    for variant, entry in variants.items():
+    for arm, entry in arms.items():
         cost = entry["vs_baseline"]
-        if variant in (baseline, POSITIVE_CONTROL, *untrained) or not cost or not cost["ci95"]:
+        if arm in (baseline, POSITIVE_CONTROL, *untrained) or not cost or not cost["ci95"]:
             continue
         low, high = cost["ci95"]
         if low > 0 or high < 0:
             word = "more" if low > 0 else "less"
             lines.append(
-                f"{variant} costs {word} under {PER_TENSOR} than {baseline}: {cost['difference']:+.4f} [{low:+.4f}, "
+                f"{arm} costs {word} under {PER_TENSOR} than {baseline}: {cost['difference']:+.4f} [{low:+.4f}, "
                 f"{high:+.4f}], p = {number(cost['p'])} (two-sided, paired over {cost['seeds']} seeds)."
             )
     pinned = [
         f"{v} ({e['pinned_massive_activation']} of {e['loss']['n']})"
-        for v, e in variants.items()
+        for v, e in arms.items()
         if e["pinned_massive_activation"]
     ]
     if pinned:
@@ -344,9 +344,9 @@ def conclusions(summary: dict) -> list[str]:
 
 def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path:
     points, skipped = load_points(inputs)
-    if baseline not in {p.variant for p in points}:
+    if baseline not in {p.arm for p in points}:
         raise RunsError(
-            f"the baseline {baseline!r} is not among the variants: {', '.join(sorted({p.variant for p in points}))}"
+            f"the baseline {baseline!r} is not among the variants: {', '.join(sorted({p.arm for p in points}))}"
         )
     summary = summarize(points, baseline)
     out.mkdir(parents=True, exist_ok=True)
@@ -358,7 +358,7 @@ def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path
         + f" | Δ {PER_TENSOR} − {baseline}'s, paired |",
         "|---|---|---|---|---|---|" + "---|" * len(SCHEMES) + "---|",
     ]
-    for variant, v in summary["variants"].items():
+    for arm, v in summary["variants"].items():
         paired = v["vs_baseline"]
         paired_cell = (
             "–"
@@ -367,14 +367,14 @@ def write_report(inputs: list[str], out: Path, baseline: str = BASELINE) -> Path
             + (f" [{paired['ci95'][0]:+.4f}, {paired['ci95'][1]:+.4f}]" if paired["ci95"] else "")
         )
         table.append(
-            f"| {variant}{'' if v['trained'] else ' (did not train)'} | {v['loss']['n']} | {_mean_and_interval(v['loss'], '.3f')} | {_mean_and_interval(v['kurtosis'])} | {_mean_and_interval(v['massive_ratio'])} | "
+            f"| {arm}{'' if v['trained'] else ' (did not train)'} | {v['loss']['n']} | {_mean_and_interval(v['loss'], '.3f')} | {_mean_and_interval(v['kurtosis'])} | {_mean_and_interval(v['massive_ratio'])} | "
             f"{_mean_and_interval(v['sink_mass'], '.2f')} | "
             + " | ".join(_mean_and_interval(v["delta"][s], "+.4f") for s in SCHEMES)
             + f" | {paired_cell} |"
         )
     report = f"""# Outlier features, massive activations and quantization, by norm choice
 
-{len(points)} runs ({len({p.variant for p in points})} variants x {len(summary["setup"]["seeds"])} seeds), each evaluated in float and under
+{len(points)} runs ({len({p.arm for p in points})} variants x {len(summary["setup"]["seeds"])} seeds), each evaluated in float and under
 {", ".join(SCHEMES)} (model/quantize.py: the blocks' linear layers fake-quantized; embeddings and head in float).
 Δ: quantized minus float validation loss (nats). Means over seeds with Student's t 95% intervals.
 
@@ -397,7 +397,7 @@ give position 0, mean over blocks.
         report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
     (out / "report.md").write_text(report)
     runs = [
-        {"variant": p.variant, "seed": p.seed, "loss": p.loss, "kurtosis": p.kurtosis, "massive_ratio": p.massive_ratio,
+        {"variant": p.arm, "seed": p.seed, "loss": p.loss, "kurtosis": p.kurtosis, "massive_ratio": p.massive_ratio,
          "sink_mass": p.sink_mass, "delta": p.deltas}
         for p in points
     ]  # fmt: skip

@@ -26,7 +26,7 @@ class Result:
     """One run of the grid, reduced to what the report needs."""
 
     run: Run
-    variant: str
+    arm: str
     lr: float
     seed: int
     final: float | None  # the last logged value of the metric; None if the run never reached it
@@ -58,9 +58,9 @@ def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str
     if not results:
         raise RunsError(f"no run under {', '.join(inputs)} has metrics to report on")
     check_comparable([r.run for r in results], metric)
-    shared = shared_switches([r.variant for r in results])
+    shared = shared_switches([r.arm for r in results])
     for r in results:
-        r.variant = without_switches(r.variant, shared)
+        r.arm = without_switches(r.arm, shared)
     return results, skipped
 
 
@@ -108,8 +108,8 @@ def planned_grid(inputs: list[str]) -> list[float] | None:
 def common_grid(results: list[Result], planned: list[float] | None = None) -> list[float]:
     """The rates LR sensitivity is compared over: the planned grid where every variant ran it, else
     the rates every variant ran at (when every variant went past the same edge, those count too)."""
-    by_variant: dict[str, set] = defaultdict(set)
+    by_arm: dict[str, set] = defaultdict(set)
     for r in results:
-        by_variant[r.variant].add(r.lr)
-    shared = set.intersection(*by_variant.values())
+        by_arm[r.arm].add(r.lr)
+    shared = set.intersection(*by_arm.values())
     return sorted(shared & set(planned)) if planned and set(planned) <= shared else sorted(shared)

@@ -221,10 +221,10 @@ def swept_keys(runs: list[Run]) -> list[str]:
     flat = [{k: v for k, v in flatten(r.config).items() if not k.startswith(("runtime.", "resumes"))} for r in runs]
     keys = sorted({k for f in flat for k in f if not is_free(k) and k != "seed"})
     differ = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
-    by_variant = defaultdict(list)
+    by_label = defaultdict(list)
     for f in flat:
-        by_variant[f.get("variant")].append(f)
-    return [k for k in differ if any(len({repr(f.get(k)) for f in group}) > 1 for group in by_variant.values())]
+        by_label[f.get("variant")].append(f)
+    return [k for k in differ if any(len({repr(f.get(k)) for f in group}) > 1 for group in by_label.values())]
 
 
 def group_runs(runs: list[Run], group_by: str) -> dict[str, list[Run]]:

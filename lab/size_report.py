@@ -36,20 +36,20 @@ def _sizes(run_config: dict) -> tuple[int, int]:
 def by_size(results: list[Result], baseline: str, inputs: list[str]) -> list[dict]:
     """Per model, smallest first: its size and each shared variant's LR sensitivity and best loss."""
     models = by_model(results)
-    shared = set.intersection(*({r.variant for r in rs} for rs in models.values()))
+    shared = set.intersection(*({r.arm for r in rs} for rs in models.values()))
     if baseline not in shared:
         raise RunsError(f"the baseline {baseline!r} is not run at every model size ({', '.join(models)})")
     rows = []
     for name, model_results in models.items():
-        study = Study([r for r in model_results if r.variant in shared], baseline, planned_grid(inputs))
-        base_config = next(r.run.config for r in model_results if r.variant == baseline)
+        study = Study([r for r in model_results if r.arm in shared], baseline, planned_grid(inputs))
+        base_config = next(r.run.config for r in model_results if r.arm == baseline)
         params, non_embedding = _sizes(base_config)  # the baseline's: QK-norm adds its gains
-        variants = {}
-        for variant in sorted(shared):
-            summary = study.summaries[variant]
-            sensitivities = per_seed(study, SENSITIVITY, variant, summary.selection_seeds)
-            best = per_seed(study, BEST_LOSS, variant, summary.report_seeds)
-            variants[variant] = {
+        arms = {}
+        for arm in sorted(shared):
+            summary = study.summaries[arm]
+            sensitivities = per_seed(study, SENSITIVITY, arm, summary.selection_seeds)
+            best = per_seed(study, BEST_LOSS, arm, summary.report_seeds)
+            arms[arm] = {
                 "lr_sensitivity": {
                     "value": sum(sensitivities) / len(sensitivities) if sensitivities else None,
                     "ci95": t_interval(sensitivities),
@@ -66,7 +66,7 @@ def by_size(results: list[Result], baseline: str, inputs: list[str]) -> list[dic
                 "d_model": base_config["model"]["d_model"],
                 "params": params,
                 "non_embedding_params": non_embedding,
-                "variants": variants,
+                "variants": arms,
                 "claims": [c for c in claims if c["arm"] and c["against"]],
             }
         )
@@ -77,11 +77,11 @@ def by_size(results: list[Result], baseline: str, inputs: list[str]) -> list[dic
 def plot_sensitivity_vs_size(rows: list[dict], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant in rows[0]["variants"]:
+    for arm in rows[0]["variants"]:
         xs = [row["non_embedding_params"] for row in rows]
-        values = [row["variants"][variant]["lr_sensitivity"] for row in rows]
+        values = [row["variants"][arm]["lr_sensitivity"] for row in rows]
         ys = [v["value"] for v in values]
-        ax.errorbar(xs, ys, yerr=error_bars(ys, [v["ci95"] for v in values]), marker="o", capsize=4, label=variant)
+        ax.errorbar(xs, ys, yerr=error_bars(ys, [v["ci95"] for v in values]), marker="o", capsize=4, label=arm)
     ax.set_xscale("log")
     ax.set_xlabel("non-embedding parameters")
     ax.set_ylabel("LR sensitivity (nats)")
@@ -99,16 +99,16 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
     rows = by_size(results, baseline, inputs)
     out.mkdir(parents=True, exist_ok=True)
     plot_sensitivity_vs_size(rows, out / "lr_sensitivity_vs_size.png")
-    variants = list(rows[0]["variants"])
+    arms = list(rows[0]["variants"])
     table = [
         "| model | d_model | params (non-embedding) | "
-        + " | ".join(f"{v}: LR sensitivity [95% CI] | {v}: best lr, held-out loss" for v in variants)
+        + " | ".join(f"{v}: LR sensitivity [95% CI] | {v}: best lr, held-out loss" for v in arms)
         + " |",
-        "|---|---|---|" + "---|---|" * len(variants),
+        "|---|---|---|" + "---|---|" * len(arms),
     ]
     for row in rows:
         cells = []
-        for v in variants:
+        for v in arms:
             entry = row["variants"][v]
             sens = entry["lr_sensitivity"]
             cells += [
@@ -132,8 +132,8 @@ def write_size_report(inputs: list[str], out: Path, metric: str, baseline: str) 
     smallest, largest = rows[0]["non_embedding_params"], rows[-1]["non_embedding_params"]
     report = f"""# LR sensitivity against model size
 
-{sum(r.variant in variants for r in results)} runs: {len(rows)} models ({", ".join(r["model"] for r in rows)}) x {len(variants)} variants
-({", ".join(variants)}), each over the same learning-rate grid and seeds, metric `{metric}`.
+{sum(r.arm in arms for r in results)} runs: {len(rows)} models ({", ".join(r["model"] for r in rows)}) x {len(arms)} variants
+({", ".join(arms)}), each over the same learning-rate grid and seeds, metric `{metric}`.
 
 ![LR sensitivity against model size](lr_sensitivity_vs_size.png)
 

@@ -118,8 +118,8 @@ def over_layers(run: Run, template: str, reduce=max) -> list[tuple[int, float]]:
 
 
 @dataclass
-class VariantSummary:
-    variant: str
+class ArmSummary:
+    arm: str
     losses_by_lr: dict[float, float]  # mean capped loss over the selection seeds, at every rate the variant ran
     selection_seeds: list[int]  # ran every rate of the variant: they choose its best rate
     report_seeds: list[int]  # ran at the best rate only: they report its loss there
@@ -132,23 +132,23 @@ class VariantSummary:
         return sorted(self.losses_by_lr)
 
 
-def summarize(results: list[Result]) -> dict[str, VariantSummary]:
-    by_variant: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
+def summarize(results: list[Result]) -> dict[str, ArmSummary]:
+    by_arm: dict[str, dict[float, list[Result]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        by_variant[r.variant][r.lr].append(r)
+        by_arm[r.arm][r.lr].append(r)
     summaries = {}
-    for variant, by_lr in sorted(by_variant.items()):
+    for arm, by_lr in sorted(by_arm.items()):
         runs = [r for rs in by_lr.values() for r in rs]
         selection = sorted(set.intersection(*({r.seed for r in rs} for rs in by_lr.values())))
         if not selection:
             raise RunsError(
-                f"{variant}: no seed ran at every one of its rates {sorted(by_lr)}, so no seed can choose its best "
+                f"{arm}: no seed ran at every one of its rates {sorted(by_lr)}, so no seed can choose its best "
                 "rate; rerun the study (scripts/run_study.py) to complete its grid"
             )
         best_lr = best_rate({(r.lr, r.seed): capped_loss(r) for r in runs}, selection)
         losses = {lr: statistics.fmean(capped_loss(r) for r in rs if r.seed in selection) for lr, rs in by_lr.items()}
-        summaries[variant] = VariantSummary(
-            variant,
+        summaries[arm] = ArmSummary(
+            arm,
             dict(sorted(losses.items())),
             selection,
             sorted({r.seed for r in by_lr[best_lr]} - set(selection)),
@@ -170,7 +170,7 @@ class Study:
         if baseline not in self.summaries:
             raise RunsError(f"the baseline {baseline!r} is not among the variants: {', '.join(self.summaries)}")
         self.baseline = baseline
-        self.cells: dict[tuple[str, float, int], Result] = {(r.variant, r.lr, r.seed): r for r in results}
+        self.cells: dict[tuple[str, float, int], Result] = {(r.arm, r.lr, r.seed): r for r in results}
         self.lrs = sorted({r.lr for r in results})
         base = self.summaries[baseline]
         self.unigram_loss = next((u for r in results if (u := run_unigram_loss(r.run)) is not None), None)
@@ -190,81 +190,81 @@ class Study:
             return capped_loss(result) < result.initial_loss
         return capped_loss(result) <= self.unigram_loss - TRAINED_MARGIN
 
-    def _highest_trained_rate(self, variant: str) -> float | None:
+    def _highest_trained_rate(self, arm: str) -> float | None:
         """The highest grid rate at which every selection seed of ``variant`` trained: where a statistic
         that grows with the rate (the attention logits) is compared, so the baseline is a model there."""
-        seeds = self.summaries[variant].selection_seeds
-        trained = [lr for lr in self.grid if all(self.trained_at(r) for r in self._runs(variant, lr, seeds))]
+        seeds = self.summaries[arm].selection_seeds
+        trained = [lr for lr in self.grid if all(self.trained_at(r) for r in self._runs(arm, lr, seeds))]
         return max(trained) if trained else None
 
-    def seeds_of(self, variant: str) -> list[int]:
+    def seeds_of(self, arm: str) -> list[int]:
         """Every seed the variant ran."""
-        summary = self.summaries[variant]
+        summary = self.summaries[arm]
         return sorted({*summary.selection_seeds, *summary.report_seeds})
 
-    def best_inside(self, variant: str) -> bool:
+    def best_inside(self, arm: str) -> bool:
         """Whether the variant's best rate lies strictly inside the rates it ran at."""
-        rates = self.summaries[variant].rates
-        return rates[0] < self.summaries[variant].best_lr < rates[-1]
+        rates = self.summaries[arm].rates
+        return rates[0] < self.summaries[arm].best_lr < rates[-1]
 
-    def config(self, variant: str) -> dict:
-        return next(r.run for r in self.results if r.variant == variant).config
+    def config(self, arm: str) -> dict:
+        return next(r.run for r in self.results if r.arm == arm).config
 
-    def variant_with(self, fields: dict) -> str | None:
+    def arm_with(self, fields: dict) -> str | None:
         """The one variant whose runs have every config value in ``fields`` (None if none; refused if several)."""
         found = [v for v in self.summaries if matches(flatten(self.config(v)).__getitem__, fields)]
         if len(found) > 1:
             raise RunsError(f"the claim's arm {fields} matches several variants ({', '.join(found)}): name more fields")
         return found[0] if found else None
 
-    def _runs(self, variant: str, lr: float, seeds) -> list[Result]:
-        return [self.cells[(variant, lr, s)] for s in seeds if (variant, lr, s) in self.cells]
+    def _runs(self, arm: str, lr: float, seeds) -> list[Result]:
+        return [self.cells[(arm, lr, s)] for s in seeds if (arm, lr, s) in self.cells]
 
-    def lr_sensitivity(self, variant: str, seeds) -> float | None:
+    def lr_sensitivity(self, arm: str, seeds) -> float | None:
         """The mean over ``seeds`` of each seed's own LR sensitivity over the common grid; None unless every
         seed ran every grid rate."""
         per_seed = []
         for seed in seeds:
-            runs = [self.cells.get((variant, lr, seed)) for lr in self.grid]
+            runs = [self.cells.get((arm, lr, seed)) for lr in self.grid]
             if not runs or None in runs:
                 return None
             per_seed.append(lr_sensitivity({r.lr: capped_loss(r) for r in runs}))
         return statistics.fmean(per_seed) if per_seed else None
 
-    def _mean_at(self, variant: str, lr: float, seeds, value_of: Callable[[Result], float | None]) -> float | None:
+    def _mean_at(self, arm: str, lr: float, seeds, value_of: Callable[[Result], float | None]) -> float | None:
         """The mean of ``value_of`` over the variant's runs of ``seeds`` at ``lr``; None unless every seed has it."""
-        values = [v for r in self._runs(variant, lr, seeds) if (v := value_of(r)) is not None]
+        values = [v for r in self._runs(arm, lr, seeds) if (v := value_of(r)) is not None]
         return statistics.fmean(values) if values and len(values) == len(list(seeds)) else None
 
-    def best_loss(self, variant: str, seeds) -> float | None:
+    def best_loss(self, arm: str, seeds) -> float | None:
         """The mean loss of ``seeds`` at the variant's best rate, on the held-out windows where logged."""
-        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, heldout_loss)
+        return self._mean_at(arm, self.summaries[arm].best_lr, seeds, heldout_loss)
 
-    def stream_growth(self, variant: str, seeds) -> float | None:
+    def stream_growth(self, arm: str, seeds) -> float | None:
         """Last-block over first-block stream RMS at the end of training, at the baseline's best rate."""
-        return self._mean_at(variant, self.summaries[self.baseline].best_lr, seeds, final_stream_growth)
+        return self._mean_at(arm, self.summaries[self.baseline].best_lr, seeds, final_stream_growth)
 
-    def stream_growth_at_best(self, variant: str, seeds) -> float | None:
+    def stream_growth_at_best(self, arm: str, seeds) -> float | None:
         """Last-block over first-block stream RMS at the end of training, at the variant's own best rate: each
         arm as it trains best, where the baseline's rate can leave another placement under-trained."""
-        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, final_stream_growth)
+        return self._mean_at(arm, self.summaries[arm].best_lr, seeds, final_stream_growth)
 
-    def sink_mass_at_best(self, variant: str, seeds) -> float | None:
+    def sink_mass_at_best(self, arm: str, seeds) -> float | None:
         """Mean attention weight on position 0 over the layers at the end of training, at the variant's best rate."""
-        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, final_sink_mass)
+        return self._mean_at(arm, self.summaries[arm].best_lr, seeds, final_sink_mass)
 
-    def massive_ratio_at_best(self, variant: str, seeds) -> float | None:
+    def massive_ratio_at_best(self, arm: str, seeds) -> float | None:
         """The largest layer's massive-activation ratio at the end of training, at the variant's best rate."""
-        return self._mean_at(variant, self.summaries[variant].best_lr, seeds, final_massive_ratio)
+        return self._mean_at(arm, self.summaries[arm].best_lr, seeds, final_massive_ratio)
 
-    def steps_to_common_loss(self, variant: str, against: str, seeds) -> tuple[float, float] | None:
+    def steps_to_common_loss(self, arm: str, against: str, seeds) -> tuple[float, float] | None:
         """Each arm's share of its steps, at its own best rate, to first reach the validation loss that both
         reach: the higher of their two final losses, same seed (means over ``seeds``). The arm that ends
         lower gets there first; the other at its end, or earlier where its curve dips below its final loss.
         So neither side's share is fixed in advance, and no run is censored: a claim on it can disagree."""
         shares = []
         for seed in seeds:
-            runs = [self._runs(v, self.summaries[v].best_lr, [seed]) for v in (variant, against)]
+            runs = [self._runs(v, self.summaries[v].best_lr, [seed]) for v in (arm, against)]
             if not all(runs) or any(r.diverged_at is not None for (r,) in runs):
                 return None
             curves = [[(row["step"], row[VAL_LOSS]) for row in r.run.rows if VAL_LOSS in row] for (r,) in runs]
@@ -278,24 +278,24 @@ class Study:
             return None
         return statistics.fmean(a for a, _ in shares), statistics.fmean(b for _, b in shares)
 
-    def deep_half_angular_distance(self, variant: str, seeds) -> float | None:
+    def deep_half_angular_distance(self, arm: str, seeds) -> float | None:
         """How much less the deeper half of the blocks turns the stream than the first half (angular distance,
         deeper minus first), at the end of training at the variant's own best rate."""
-        best_lr = self.summaries[variant].best_lr
-        return self._mean_at(variant, best_lr, seeds, lambda r: deep_minus_first_half(r.run.by_layer(ANGULAR_DISTANCE)))
+        best_lr = self.summaries[arm].best_lr
+        return self._mean_at(arm, best_lr, seeds, lambda r: deep_minus_first_half(r.run.by_layer(ANGULAR_DISTANCE)))
 
-    def deep_half_skip_delta(self, variant: str, seeds) -> float | None:
+    def deep_half_skip_delta(self, arm: str, seeds) -> float | None:
         """How much less the loss rises without a deeper-half block than without a first-half one (skip delta,
         deeper minus first, from eval.py layer_importance=true), at the variant's own best rate."""
-        best_lr = self.summaries[variant].best_lr
-        return self._mean_at(variant, best_lr, seeds, lambda r: deep_minus_first_half(skip_deltas(r.run)))
+        best_lr = self.summaries[arm].best_lr
+        return self._mean_at(arm, best_lr, seeds, lambda r: deep_minus_first_half(skip_deltas(r.run)))
 
-    def max_attn_logit(self, variant: str, seeds) -> float | None:
+    def max_attn_logit(self, arm: str, seeds) -> float | None:
         """The largest attention logit (over layers) at the last stats step, at the highest rate at which
         the baseline trained."""
         if self.reference_lr is None:
             return None
-        return self._mean_at(variant, self.reference_lr, seeds, final_max_attn_logit)
+        return self._mean_at(arm, self.reference_lr, seeds, final_max_attn_logit)
 
 
 @dataclass(frozen=True)
@@ -333,24 +333,24 @@ STATISTICS: dict[str, Statistic] = {
 }
 
 
-def seeds_for(study: Study, statistic: Statistic, *variants: str) -> list[int]:
+def seeds_for(study: Study, statistic: Statistic, *arms: str) -> list[int]:
     """The seeds that every one of ``variants`` has for ``statistic``, in the role it needs."""
     role = "selection_seeds" if statistic.seeds == "selection" else "report_seeds"
-    return sorted(set.intersection(*(set(getattr(study.summaries[v], role)) for v in variants)))
+    return sorted(set.intersection(*(set(getattr(study.summaries[v], role)) for v in arms)))
 
 
-def per_seed(study: Study, statistic: Statistic, variant: str, seeds: list[int]) -> list[float]:
+def per_seed(study: Study, statistic: Statistic, arm: str, seeds: list[int]) -> list[float]:
     """The statistic on each seed alone, for the seeds that have it."""
-    return [v for s in seeds if (v := statistic.compute(study, variant, [s])) is not None]
+    return [v for s in seeds if (v := statistic.compute(study, arm, [s])) is not None]
 
 
-def explanation(study: Study, variant: str) -> str:
+def explanation(study: Study, arm: str) -> str:
     """What a variant that did not train looks like from its own probes at its best rate (gradient norms
     by layer, the stream's growth, DyT/Derf saturation): symptoms, not a diagnosis."""
-    if variant not in study.untrained:
+    if arm not in study.untrained:
         return ""
-    summary = study.summaries[variant]
-    run = study._runs(variant, summary.best_lr, summary.selection_seeds)[0].run
+    summary = study.summaries[arm]
+    run = study._runs(arm, summary.best_lr, summary.selection_seeds)[0].run
     rule = (
         f"not {TRAINED_MARGIN} nats below the unigram loss {study.unigram_loss:.3f}"
         if study.unigram_loss is not None

@@ -22,15 +22,15 @@ def plot_loss_vs_lr(results: list[Result], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key, label in ((axes[0], VAL_LOSS, "final validation loss (nats/token)"), (axes[1], VAL_BPB, "bpb")):
-        for i, variant in enumerate(sorted({r.variant for r in results})):
-            runs = [r for r in results if r.variant == variant]
+        for i, arm in enumerate(sorted({r.arm for r in results})):
+            runs = [r for r in results if r.arm == arm]
             lrs = sorted({r.lr for r in runs})
             style = {"color": plt.get_cmap("tab20")(i % 20), "linestyle": ("-", "--", ":")[i // 20 % 3]}
             means = []
             for lr in lrs:
                 values = [r.run.last(key) for r in runs if r.lr == lr and r.diverged_at is None]
                 means.append(statistics.fmean(values) if values and None not in values else float("nan"))
-            (line,) = ax.plot(lrs, means, marker="o", label=variant, **style)  # 20 colours before a style repeats
+            (line,) = ax.plot(lrs, means, marker="o", label=arm, **style)  # 20 colours before a style repeats
             if key == VAL_LOSS:
                 diverged = sorted({r.lr for r in runs if r.diverged_at is not None})
                 ax.scatter(diverged, [runs[0].initial_loss] * len(diverged), marker="x", s=80, color=line.get_color())
@@ -47,17 +47,17 @@ def plot_loss_vs_step(results: list[Result], best_lrs: dict[str, float], path: P
     """Validation loss against step, each variant at its own best rate, mean over the seeds that ran there."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (variant, lr) in enumerate(sorted(best_lrs.items())):
+    for i, (arm, lr) in enumerate(sorted(best_lrs.items())):
         curves: dict[int, list[float]] = {}
         for r in results:
-            if r.variant == variant and r.lr == lr and r.diverged_at is None:
+            if r.arm == arm and r.lr == lr and r.diverged_at is None:
                 for row in r.run.rows:
                     if VAL_LOSS in row:
                         curves.setdefault(row["step"], []).append(row[VAL_LOSS])
         steps = sorted(curves)
         style = {"color": plt.get_cmap("tab20")(i % 20), "linestyle": ("-", "--", ":")[i // 20 % 3]}
         ax.plot(
-            steps, [statistics.fmean(curves[s]) for s in steps], marker=".", label=f"{variant} (lr {lr:g})", **style
+            steps, [statistics.fmean(curves[s]) for s in steps], marker=".", label=f"{arm} (lr {lr:g})", **style
         )
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/token)")
@@ -84,14 +84,14 @@ def plot_attention_logits(
     plt = pyplot()
     first = min(x.seed for x in results)
     panels = [(f"lr {lr:g}", lambda r, lr=lr: r.lr == lr) for lr in lrs] or [
-        ("each variant at its best rate", lambda r: r.lr == own_best[r.variant])
+        ("each variant at its best rate", lambda r: r.lr == own_best[r.arm])
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (title, chosen) in zip(axes[0], panels):
-        for r in sorted((r for r in results if r.seed == first and chosen(r)), key=lambda r: r.variant):
+        for r in sorted((r for r in results if r.seed == first and chosen(r)), key=lambda r: r.arm):
             points = over_layers(r.run, MAX_LOGIT)
             if points:
-                ax.plot(*zip(*points), label=r.variant + (" (diverged)" if r.diverged_at else ""))
+                ax.plot(*zip(*points), label=r.arm + (" (diverged)" if r.diverged_at else ""))
         _log_axes(ax, "step", "attention logit", f"{title}: largest pre-softmax attention logit (max over layers)")
     save(fig, path)
 
@@ -101,14 +101,14 @@ def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, 
     attention-sink mass against depth, and feature kurtosis over training, at one learning rate."""
     plt = pyplot()
     chosen = sorted(
-        (r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.variant
+        (r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.arm
     )
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
     for ax, (template, label) in zip(axes, BY_DEPTH):
         for r in chosen:
             values = r.run.by_layer(template)  # at the last step that logged it
             if values:
-                ax.plot(range(1, len(values) + 1), values, marker="o", label=r.variant)
+                ax.plot(range(1, len(values) + 1), values, marker="o", label=r.arm)
         _log_axes(ax, "block (depth)", label, f"end of training, lr {lr:g}")
     save(fig, depth_path)
 
@@ -116,7 +116,7 @@ def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, 
     for r in chosen:
         points = over_layers(r.run, STREAM_KURTOSIS, statistics.fmean)
         if points:
-            ax.plot(*zip(*points), label=r.variant)
+            ax.plot(*zip(*points), label=r.arm)
     ylabel = "feature kurtosis of the residual stream (mean over blocks)"
     _log_axes(ax, "step", ylabel, f"outlier features (3 = none), lr {lr:g}")
     save(fig, kurtosis_path)

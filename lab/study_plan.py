@@ -48,7 +48,7 @@ class StudyPlan:
 
 @dataclass(frozen=True)
 class Job:
-    variant: str  # the +variant option
+    arm: str  # the +variant option
     lr: float
     seed: int
 
@@ -84,14 +84,14 @@ def next_rate(lr: float, up: bool, per_decade: int) -> float:
     return 10 ** ((round(math.log10(lr) * per_decade) + (1 if up else -1)) / per_decade)
 
 
-def variant_grid(plan: StudyPlan, variant: str, sweep_rates: list[float]) -> list[float]:
+def arm_grid(plan: StudyPlan, arm: str, sweep_rates: list[float]) -> list[float]:
     """The rates ``variant`` runs with its selection seeds before any edge: its own (``plan.rates``) or the sweep's."""
-    return sorted(on_grid(lr, plan.rates_per_decade) for lr in plan.rates.get(variant, sweep_rates))
+    return sorted(on_grid(lr, plan.rates_per_decade) for lr in plan.rates.get(arm, sweep_rates))
 
 
-def grid_seeds(plan: StudyPlan, variant: str) -> list[int]:
+def grid_seeds(plan: StudyPlan, arm: str) -> list[int]:
     """The seeds that choose ``variant``'s best rate: they run at every rate it runs at."""
-    count = plan.headline_seeds if variant in plan.headline else plan.selection_seeds
+    count = plan.headline_seeds if arm in plan.headline else plan.selection_seeds
     return list(range(plan.first_seed, plan.first_seed + count))
 
 
@@ -111,12 +111,12 @@ def best_rate(losses: dict[tuple[float, int], float], seeds: list[int]) -> float
     return min(complete, key=lambda lr: (complete[lr], lr)) if complete else None
 
 
-def next_jobs(plan: StudyPlan, variant: str, rates: list[float], losses: dict[tuple[float, int], float]) -> list[Job]:
+def next_jobs(plan: StudyPlan, arm: str, rates: list[float], losses: dict[tuple[float, int], float]) -> list[Job]:
     """What ``variant`` trains next, given ``losses[(lr, seed)]`` of its finished runs (capped: a
     diverged run counts as the initial loss) and the sweep's rates. Empty when its part of the study is complete."""
-    rates = variant_grid(plan, variant, rates)
-    seeds = grid_seeds(plan, variant)
-    missing = [Job(variant, lr, s) for lr in rates for s in seeds if (lr, s) not in losses]
+    rates = arm_grid(plan, arm, rates)
+    seeds = grid_seeds(plan, arm)
+    missing = [Job(arm, lr, s) for lr in rates for s in seeds if (lr, s) not in losses]
     if missing:
         return missing
     tried = sorted({lr for lr, _ in losses})
@@ -125,10 +125,10 @@ def next_jobs(plan: StudyPlan, variant: str, rates: list[float], losses: dict[tu
         beyond = [lr for lr in tried if (lr > max(rates) if up else lr < min(rates))]
         if best == edge and len(beyond) < plan.extra_rates:
             lr = next_rate(edge, up, plan.rates_per_decade)
-            return [Job(variant, lr, s) for s in seeds]
-    return [Job(variant, best, s) for s in report_seeds(plan) if (best, s) not in losses]
+            return [Job(arm, lr, s) for s in seeds]
+    return [Job(arm, best, s) for s in report_seeds(plan) if (best, s) not in losses]
 
 
-def planned_runs(plan: StudyPlan, variants: list[str], rates: list[float]) -> int:
+def planned_runs(plan: StudyPlan, arms: list[str], rates: list[float]) -> int:
     """How many runs the study trains when no variant needs edge rates (each edge adds its selection seeds)."""
-    return sum(len(variant_grid(plan, v, rates)) * len(grid_seeds(plan, v)) + plan.report_seeds for v in variants)
+    return sum(len(arm_grid(plan, v, rates)) * len(grid_seeds(plan, v)) + plan.report_seeds for v in arms)

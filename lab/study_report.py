@@ -53,7 +53,7 @@ from lab.study_spec import StudySpec
 SENSITIVITY, BEST_LOSS = STATISTICS["lr_sensitivity"], STATISTICS["best_loss"]
 
 
-def speed_table(path: Path | None, variants: list[str]) -> str:
+def speed_table(path: Path | None, arms: list[str]) -> str:
     if path is None:
         return (
             "No speed measurement was given (--speed). Measure the variants by interleaving them in one "
@@ -69,7 +69,7 @@ def speed_table(path: Path | None, variants: list[str]) -> str:
         "|---|---|---|---|",
     ]
     for row in data["rows"]:
-        if row["variant"] in variants:
+        if row["variant"] in arms:
             lines.append(
                 f"| {row['variant']} | {row['tokens_per_sec']:,.0f} | {row['ratio']:.3f} | "
                 f"{row['ratio_min']:.3f} – {row['ratio_max']:.3f} |"
@@ -77,18 +77,18 @@ def speed_table(path: Path | None, variants: list[str]) -> str:
     return "\n".join(lines)
 
 
-def against_baseline(study: Study, variant: str) -> dict:
+def against_baseline(study: Study, arm: str) -> dict:
     """The variant's held-out best loss minus the baseline's, each at its own best rate, paired by the
     report seeds both have: the mean difference, its 95% interval and the paired p-value."""
-    seeds = seeds_for(study, BEST_LOSS, variant, study.baseline)
-    diffs = [study.best_loss(variant, [s]) - study.best_loss(study.baseline, [s]) for s in seeds]
+    seeds = seeds_for(study, BEST_LOSS, arm, study.baseline)
+    diffs = [study.best_loss(arm, [s]) - study.best_loss(study.baseline, [s]) for s in seeds]
     if not diffs:
         return {"difference": None, "ci95": None, "p": None, "seeds": []}
     comparison = paired_comparison(diffs, "lower")
     return {"difference": comparison.difference, "ci95": comparison.ci95, "p": comparison.p, "seeds": seeds}
 
 
-def variant_json(study: Study, name: str) -> dict:
+def arm_json(study: Study, name: str) -> dict:
     summary = study.summaries[name]
     report = summary.report_seeds
     best = per_seed(study, BEST_LOSS, name, report)
@@ -119,7 +119,7 @@ def variant_json(study: Study, name: str) -> dict:
         "max_attn_logit_by_report_seed": {
             str(r.seed): final_max_attn_logit(r)
             for r in study.results
-            if r.variant == name and r.lr == summary.best_lr and r.seed in report
+            if r.arm == name and r.lr == summary.best_lr and r.seed in report
         },
         "diverged_at_lr": summary.diverged,
         "symptoms": explanation(study, name),
@@ -187,7 +187,7 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
         "reference_lr": study.reference_lr,
         "cells": [
             {
-                "variant": r.variant,
+                "variant": r.arm,
                 "lr": r.lr,
                 "seed": r.seed,
                 "loss": r.final,
@@ -195,9 +195,9 @@ def study_json(study: Study, metric: str, evaluated: list[dict]) -> dict:
                 "steps": r.run.rows[-1]["step"] if r.run.rows else 0,
                 "diverged": r.diverged_at is not None,
             }
-            for r in sorted(study.results, key=lambda r: (r.variant, r.lr, r.seed))
+            for r in sorted(study.results, key=lambda r: (r.arm, r.lr, r.seed))
         ],
-        "variants": {name: variant_json(study, name) for name in study.summaries},
+        "variants": {name: arm_json(study, name) for name in study.summaries},
         "claims": [
             {**c, "ci95": list(c["ci95"]) if c.get("ci95") else None, "scale": claim_scale(c)} for c in evaluated
         ],
@@ -265,8 +265,8 @@ def claims_table(claims: list[dict]) -> str:
 
 def observations(data: dict) -> list[str]:
     """What the numbers show for every variant before any claim, each sentence from a number in ``data``."""
-    variants, baseline = data["variants"], data["baseline"]
-    trained = {name: v for name, v in variants.items() if v["trained"]}
+    arms, baseline = data["variants"], data["baseline"]
+    trained = {name: v for name, v in arms.items() if v["trained"]}
     ranked = sorted(
         (name for name in trained if trained[name]["lr_sensitivity"]["value"] is not None),
         key=lambda name: trained[name]["lr_sensitivity"]["value"],
@@ -287,7 +287,7 @@ def observations(data: dict) -> list[str]:
             )
             + ". Intervals that overlap do not rank two variants."
         ]
-    untrained = sorted(set(variants) - set(trained))
+    untrained = sorted(set(arms) - set(trained))
     if untrained:
         rule = (
             f"not {TRAINED_MARGIN} nats below the unigram loss of the validation windows ({data['unigram_loss']:.3f})"
@@ -298,10 +298,10 @@ def observations(data: dict) -> list[str]:
             f"{', '.join(untrained)}: best loss {rule} at every learning rate run, so they did not train in this "
             "budget; no claim about them is tested, and their LR sensitivity is left out of the ranking."
         )
-    edge = sorted(name for name, v in variants.items() if not v["best_lr_inside"])
+    edge = sorted(name for name, v in arms.items() if not v["best_lr_inside"])
     if edge:
         lines.append(f"Best rate at an edge of the rates run even after the extra rates: {', '.join(edge)}.")
-    for name, v in variants.items():
+    for name, v in arms.items():
         c = v["against_baseline"]
         if not c or c["difference"] is None:
             continue

@@ -50,7 +50,7 @@ def study_at(data: dict, claim: dict) -> dict:
     return data
 
 
-def variants_at(data: dict, claim: dict) -> dict:
+def arms_at(data: dict, claim: dict) -> dict:
     """The variant entries of the model a claim was read on."""
     return study_at(data, claim).get("variants", {})
 
@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     specs = {c.claim: c for c in load_study_spec(args.spec).claims} if args.spec else {}
 
     def untrained(claim: dict) -> list[str]:
-        variants = variants_at(data, claim)
+        arms = arms_at(data, claim)
         sides = [claim["arm"], claim["against"]]
-        return [v for v in sides if v is not None and variants.get(v, {}).get("trained") is False]
+        return [v for v in sides if v is not None and arms.get(v, {}).get("trained") is False]
 
     def regime_fails(claim: dict) -> str | None:
         spec = specs.get(claim["claim"])

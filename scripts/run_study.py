@@ -64,16 +64,16 @@ def compose_study(overrides: list[str]):
         axes = {**{k: str(v) for k, v in (cfg.hydra.sweeper.params or {}).items()}, **given}
         if "+variant" not in axes or "train.lr" not in axes:
             raise SystemExit("run_study: the experiment must sweep +variant and train.lr (hydra.sweeper.params)")
-        variants = axes["+variant"].split(",")
+        arms = axes["+variant"].split(",")
         models = axes["model"].split(",") if "model" in axes else [None]
         labels = {}
         for model in models:
-            for variant in variants:
-                chosen = [f"+variant={variant}"] + ([f"model={model}"] if model else [])
+            for arm in arms:
+                chosen = [f"+variant={arm}"] + ([f"model={model}"] if model else [])
                 v = compose("config", overrides=[*overrides, *chosen])
-                labels[(v.model.name, v.variant)] = (model, variant)
+                labels[(v.model.name, v.variant)] = (model, arm)
     rates = sorted(float(lr) for lr in axes["train.lr"].split(","))
-    return cfg, overrides, variants, rates, models, labels
+    return cfg, overrides, arms, rates, models, labels
 
 
 def finished_losses(sweep_dir: Path, labels: dict):
@@ -87,22 +87,22 @@ def finished_losses(sweep_dir: Path, labels: dict):
     except RunsError:  # nothing trained yet
         return losses, seconds, elsewhere
     for run in runs:
-        variant = labels.get((run.config["model"]["name"], run.config["variant"]))
-        if variant is None:
+        arm = labels.get((run.config["model"]["name"], run.config["variant"]))
+        if arm is None:
             continue
         lr, seed = float(run.config["train"]["lr"]), int(run.config["seed"])
         if run.unfinished:
             if (holder := lock_holder(run.path)) is not None:
-                elsewhere[(*variant, lr, seed)] = holder
+                elsewhere[(*arm, lr, seed)] = holder
             continue
-        losses[variant][(lr, seed)] = capped_loss(Result(run, variant, lr, seed, run.last(VAL_LOSS), run.diverged_at))
+        losses[arm][(lr, seed)] = capped_loss(Result(run, arm, lr, seed, run.last(VAL_LOSS), run.diverged_at))
         if (elapsed := run.last(PERF_ELAPSED)) is not None:
             seconds.append(elapsed)
     return losses, seconds, elsewhere
 
 
 def describe_job(model: str | None, job: Job) -> str:
-    return f"{model or ''} {job.variant} lr {job.lr:g} seed {job.seed}".strip()
+    return f"{model or ''} {job.arm} lr {job.lr:g} seed {job.seed}".strip()
 
 
 def commands(jobs: dict[str | None, list[Job]]) -> list[list[str]]:
@@ -110,24 +110,24 @@ def commands(jobs: dict[str | None, list[Job]]) -> list[list[str]]:
     exactly ``jobs`` (by model)."""
     out = []
     for model, model_jobs in jobs.items():
-        by_variant: dict[str, dict[int, set]] = defaultdict(lambda: defaultdict(set))
+        by_arm: dict[str, dict[int, set]] = defaultdict(lambda: defaultdict(set))
         for job in model_jobs:
-            by_variant[job.variant][job.seed].add(job.lr)
+            by_arm[job.arm][job.seed].add(job.lr)
         grouped: dict[tuple, list[str]] = defaultdict(list)
-        for variant, rates_by_seed in by_variant.items():
+        for arm, rates_by_seed in by_arm.items():
             seeds_by_rates: dict[tuple, list[int]] = defaultdict(list)
             for seed, rates in rates_by_seed.items():
                 seeds_by_rates[tuple(sorted(rates))].append(seed)
             for rates, seeds in seeds_by_rates.items():
-                grouped[(rates, tuple(sorted(seeds)))].append(variant)
+                grouped[(rates, tuple(sorted(seeds)))].append(arm)
         out += [
             ([f"model={model}"] if model else [])
             + [
-                f"+variant={','.join(variants)}",
+                f"+variant={','.join(arms)}",
                 f"train.lr={','.join(repr(lr) for lr in rates)}",
                 f"seed={','.join(map(str, seeds))}",
             ]
-            for (rates, seeds), variants in grouped.items()
+            for (rates, seeds), arms in grouped.items()
         ]
     return out
 
@@ -186,13 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     except StudySpecError as err:
         print(f"run_study: {err}")
         return 2
-    cfg, overrides, variants, rates, models, labels = compose_study(overrides)
+    cfg, overrides, arms, rates, models, labels = compose_study(overrides)
     plan = spec.plan
-    unknown = sorted(set(plan.headline) - set(variants))
+    unknown = sorted(set(plan.headline) - set(arms))
     if unknown:
         print(
             f"run_study: configs/study/{experiment}.yaml's plan.headline names {', '.join(unknown)}, "
-            f"not among +variant: {', '.join(variants)}"
+            f"not among +variant: {', '.join(arms)}"
         )
         return 2
     sweep_dir = ROOT / cfg.hydra.sweep.dir if not Path(cfg.hydra.sweep.dir).is_absolute() else Path(cfg.hydra.sweep.dir)
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "title": spec.title,
         "unigram_val_loss": None if args.dry_run else compute_unigram_val_loss(cfg),  # the line "trained" reads
         "learning_rates": rates,
-        "variants": variants,
+        "variants": arms,
         "models": models,
         "runs": sorted([name, label] for name, label in labels),  # (model name, variant label): what the report reads
         "plan": dataclasses.asdict(plan),
@@ -210,13 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run:  # a dry run writes nothing
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PLAN_FILE).write_text(json.dumps(record, indent=1))
-    planned = planned_runs(plan, variants, rates) * len(models)
+    planned = planned_runs(plan, arms, rates) * len(models)
     failed_before: set[tuple] = set()
     while True:
         losses, seconds, elsewhere = finished_losses(sweep_dir, labels)
-        jobs = {m: [j for v in variants for j in next_jobs(plan, v, rates, losses.get((m, v), {}))] for m in models}
+        jobs = {m: [j for v in arms for j in next_jobs(plan, v, rates, losses.get((m, v), {}))] for m in models}
         todo = {(m, j) for m, model_jobs in jobs.items() for j in model_jobs}
-        held_by = {(m, j): elsewhere[key] for m, j in todo if (key := (m, j.variant, j.lr, j.seed)) in elsewhere}
+        held_by = {(m, j): elsewhere[key] for m, j in todo if (key := (m, j.arm, j.lr, j.seed)) in elsewhere}
         busy = set(held_by)
         if busy and busy == todo:  # train.py would refuse each of them: say who holds them instead
             held = "; ".join(f"{describe_job(m, j)} ({held_by[(m, j)]})" for m, j in sorted(busy, key=str))

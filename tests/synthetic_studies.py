@@ -27,14 +27,14 @@ L0 = math.log(VOCAB)
 
 
 def write_run(
-    root, variant, lr, final_loss, seed=0, diverged_at=None, tokenizer="bpe-a", metrics=True, model="deep", n_layers=4
+    root, label, lr, final_loss, seed=0, diverged_at=None, tokenizer="bpe-a", metrics=True, model="deep", n_layers=4
 ):
-    run = root / f"{model}-{variant}-lr{lr}-s{seed}"
+    run = root / f"{model}-{label}-lr{lr}-s{seed}"
     run.mkdir(parents=True)
-    parts = variant.split("-")
+    parts = label.split("-")
     placement = next((p for p in parts if p in ("post", "peri", "reordered")), "pre")
     config = {
-        "variant": variant,
+        "variant": label,
         "norm": {"name": parts[0], "placement": placement, "qk": parts[0] if "qk" in parts else None},
         "seed": seed,
         "model": {"name": model, "n_layers": n_layers, "d_model": 64, "max_seq_len": 128},
@@ -49,7 +49,7 @@ def write_run(
     for step in (10, 20):
         row = {"step": step, "train/loss": final_loss + 1, "attn/layers.0/max_logit": lr * 100 * step}
         # Pre-norm's stream grows with depth (2, 4, 6); peri-norm's stays flat (1.1).
-        row.update({f"act/layers.{i}/stream_rms": 1.1 if "peri" in variant else 2.0 * (1 + i) for i in range(3)})
+        row.update({f"act/layers.{i}/stream_rms": 1.1 if "peri" in label else 2.0 * (1 + i) for i in range(3)})
         row.update({f"act/layers.{i}/stream_feature_kurtosis": 3.0 + step for i in range(3)})
         rows.append(row)
     if diverged_at is None:
@@ -64,15 +64,15 @@ def write_study(root, grid: dict, selection=(0, 1, 2), report=(3, 4), best_lr=0.
     """Every variant of ``grid`` ({variant: {lr: loss or None for diverged}}) at every rate with the selection
     seeds (seed s adds ``spread * s`` at the lowest rate only, so per-seed sensitivities differ), then the
     report seeds at ``best_lr`` (seed s adds 0.1 * (s - first report seed) there)."""
-    for variant, by_lr in grid.items():
+    for arm, by_lr in grid.items():
         lowest = min(by_lr)
         for seed in selection:
             for lr, loss in by_lr.items():
                 value = 0.0 if loss is None else loss + (spread * seed if lr == lowest else 0.0)
-                write_run(root, variant, lr, value, seed=seed, diverged_at=None if loss is not None else 15, **kwargs)
+                write_run(root, arm, lr, value, seed=seed, diverged_at=None if loss is not None else 15, **kwargs)
         for seed in report:
             loss = by_lr[best_lr]
-            write_run(root, variant, best_lr, loss + 0.1 * (seed - report[0]), seed=seed, **kwargs)
+            write_run(root, arm, best_lr, loss + 0.1 * (seed - report[0]), seed=seed, **kwargs)
     # What scripts/run_study.py records in the study's folder: the grid and the spec's claims.
     rates = sorted({lr for by_lr in grid.values() for lr in by_lr})
     (root / PLAN_FILE).write_text(json.dumps({"learning_rates": rates, "variants": list(grid), "claims": CLAIMS}))

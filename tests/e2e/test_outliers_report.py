@@ -42,7 +42,7 @@ def test_runs_that_did_not_train_are_left_out_of_the_statements(evaluated, tmp_p
     assert "Too few variants that trained (0)" in report
 
 
-def test_the_report_pairs_each_variants_cost_with_the_baselines_and_plots_it(evaluated, tmp_path):
+def test_the_report_pairs_each_arms_cost_with_the_baselines_and_plots_it(evaluated, tmp_path):
     _trained_line(evaluated, 99.0)
     path = outliers.write_report([str(evaluated)], tmp_path)
     data = json.loads((tmp_path / "outliers.json").read_text())

@@ -35,11 +35,11 @@ def test_one_command_runs_the_grid_the_edges_and_the_seeds_then_reports(tmp_path
     data = json.loads((tmp_path / "report" / "study.json").read_text())
     assert data["learning_rates"] == [0.001, 0.01]
     cells = {(c["variant"], c["lr"], c["seed"]) for c in data["cells"]}
-    for variant in ("rmsnorm", "identity"):  # no headline here: the unit tests cover the headline's seeds
-        v = data["variants"][variant]
-        assert {(variant, lr, 0) for lr in v["rates"]} <= cells and len(v["rates"]) <= 2 + 1  # an edge adds one
+    for arm in ("rmsnorm", "identity"):  # no headline here: the unit tests cover the headline's seeds
+        v = data["variants"][arm]
+        assert {(arm, lr, 0) for lr in v["rates"]} <= cells and len(v["rates"]) <= 2 + 1  # an edge adds one
         assert (v["selection_seeds"], v["report_seeds"]) == ([0], [1, 2])  # the seed that chose never reports
-        assert {(variant, v["best_lr"], s) for s in (1, 2)} <= cells and v["best_loss"]["seeds"] == 2
+        assert {(arm, v["best_lr"], s) for s in (1, 2)} <= cells and v["best_loss"]["seeds"] == 2
     assert all(c["heldout_loss"] is not None for c in data["cells"])
     assert "nothing to train" in _run_study(tmp_path, cache_dir, "--dry-run")
 

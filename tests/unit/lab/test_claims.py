@@ -274,13 +274,13 @@ def test_a_study_run_one_claim_at_a_time_reads_only_the_runs_its_plan_asked_for(
     plan["runs"] = [["deep", "rmsnorm"], ["deep", "rmsnorm-qk"]]
     (tmp_path / "study_plan.json").write_text(json.dumps(plan))
     results, skipped = load_results([str(tmp_path)], "val/loss")
-    assert {r.variant for r in results} == {"rmsnorm", "rmsnorm-qk"} and skipped == []
+    assert {r.arm for r in results} == {"rmsnorm", "rmsnorm-qk"} and skipped == []
     post = Claim("post", "t", "best_loss", {"norm.placement": "post"}, PRE, "lower")
     assert evaluate_claim(post, Study(results, "rmsnorm")).get("unrun") is True
     del plan["runs"]  # a plan from before plans named their runs reads every run
     (tmp_path / "study_plan.json").write_text(json.dumps(plan))
     results, skipped = load_results([str(tmp_path)], "val/loss")
-    assert "rmsnorm-post" in {r.variant for r in results} and len(skipped) == 1
+    assert "rmsnorm-post" in {r.arm for r in results} and len(skipped) == 1
 
 
 def test_the_most_influential_seed_is_the_one_whose_removal_moves_the_mean_most():
@@ -348,17 +348,17 @@ def _cells_study() -> dict:
     2-3 reporting at each best rate; seed 1's baseline diverged at 0.1 and counts as the initial loss, 9."""
     loss = {"rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6}, "rmsnorm-qk": {0.001: 4.9, 0.01: 3.8, 0.1: 4.2}}
     cells = []
-    for variant, by_lr in loss.items():
+    for arm, by_lr in loss.items():
         for lr, value in by_lr.items():
             for seed in (0, 1):
-                diverged = variant == "rmsnorm" and lr == 0.1 and seed == 1
-                cells.append(dict(variant=variant, lr=lr, seed=seed, loss=None if diverged else value + 0.1 * seed,
+                diverged = arm == "rmsnorm" and lr == 0.1 and seed == 1
+                cells.append(dict(variant=arm, lr=lr, seed=seed, loss=None if diverged else value + 0.1 * seed,
                                   heldout_loss=None, diverged=diverged))  # fmt: skip
         for seed in (2, 3):
-            cells.append(dict(variant=variant, lr=0.01, seed=seed, loss=by_lr[0.01], heldout_loss=by_lr[0.01] + seed,
+            cells.append(dict(variant=arm, lr=0.01, seed=seed, loss=by_lr[0.01], heldout_loss=by_lr[0.01] + seed,
                               diverged=False))  # fmt: skip
-    variants = {v: {"best_lr": 0.01, "selection_seeds": [0, 1], "report_seeds": [2, 3]} for v in loss}
-    return dict(initial_loss=9.0, learning_rates=[0.001, 0.01, 0.1], cells=cells, variants=variants,
+    arms = {v: {"best_lr": 0.01, "selection_seeds": [0, 1], "report_seeds": [2, 3]} for v in loss}
+    return dict(initial_loss=9.0, learning_rates=[0.001, 0.01, 0.1], cells=cells, variants=arms,
                 baseline="rmsnorm", reference_lr=0.01)  # fmt: skip
 
 

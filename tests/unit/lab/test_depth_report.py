@@ -20,10 +20,10 @@ CLAIMS = [
 ]  # fmt: skip
 
 
-def _blocks(n_layers: int, seed: int, variant: str) -> tuple[list[float], list[float]]:
+def _blocks(n_layers: int, seed: int, arm: str) -> tuple[list[float], list[float]]:
     """Pre-norm's blocks matter less with depth (angle 0.4 down to 0.1, skip delta 1.0 down to 0.1); peri-norm's
     stay level. Seed s adds 0.01 * s to the last block."""
-    if "peri" in variant:
+    if "peri" in arm:
         return [0.3] * n_layers, [0.5] * n_layers
     step = lambda top, bottom: [top - (top - bottom) * i / (n_layers - 1) for i in range(n_layers)]  # noqa: E731
     angles, deltas = step(0.4, 0.1), step(1.0, 0.1)

@@ -85,7 +85,7 @@ def test_a_finer_grid_steps_by_powers_of_ten_to_the_k_over_n():
     assert max(ratios) < 10**0.25 and min(ratios) == pytest.approx(10**0.2)
 
 
-def test_a_variant_of_its_own_grid_runs_it_and_steps_past_its_edge_on_that_grid():
+def test_an_arm_of_its_own_grid_runs_it_and_steps_past_its_edge_on_that_grid():
     plan = StudyPlan(["a"], 1, 1, 1, rates_per_decade=5, rates={"a": [1e-2, 1.58e-2]})
     own, swept = [1e-2, 10 ** (-9 / 5)], [1e-3, 1e-2]
     assert next_jobs(plan, "a", swept, {}) == [Job("a", lr, 0) for lr in own]
@@ -106,8 +106,8 @@ def test_commands_train_exactly_the_jobs():
     swept = set()
     for command in commands(jobs):
         axes = dict(part.split("=", 1) for part in command)
-        for variant, lr, seed in product(*(axes[k].split(",") for k in ("+variant", "train.lr", "seed"))):
-            swept.add(Job(variant, float(lr), int(seed)))
+        for arm, lr, seed in product(*(axes[k].split(",") for k in ("+variant", "train.lr", "seed"))):
+            swept.add(Job(arm, float(lr), int(seed)))
     assert swept == set(jobs[None])
     # every rate travels as its shortest exact form, so a run records the very float the plan stepped to
     (command,) = commands({None: [Job("a", 10 ** (-14 / 5), 0)]})

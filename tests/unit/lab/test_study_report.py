@@ -153,13 +153,13 @@ def test_the_unigram_line_decides_who_trained_and_the_probes_explain_why(tmp_pat
         for lr, (base, flat) in {0.001: (5.0, 6.1), 0.01: (4.0, 6.0), 0.1: (4.5, 6.05)}.items():
             if seed > 2 and lr != 0.01:
                 continue
-            for variant, loss in (("rmsnorm", base + 0.01 * seed), ("dyt", flat)):
-                run = write_run(root, variant, lr, loss, seed=seed)
+            for arm, loss in (("rmsnorm", base + 0.01 * seed), ("dyt", flat)):
+                run = write_run(root, arm, lr, loss, seed=seed)
                 config = yaml.safe_load((run / "config.yaml").read_text())
                 config["runtime"]["unigram_val_loss"] = 6.1
                 (run / "config.yaml").write_text(yaml.safe_dump(config))
                 with (run / "metrics.jsonl").open("a") as metrics:
-                    grads = {f"grad/layers.{i}": 0.0 if variant == "dyt" else 0.1 for i in range(3)}
+                    grads = {f"grad/layers.{i}": 0.0 if arm == "dyt" else 0.1 for i in range(3)}
                     metrics.write(json.dumps({"step": 30, **grads, "heldout/loss": loss + 0.02}) + "\n")
     study = Study(load_results([str(root)], "val/loss")[0], "rmsnorm")
     assert study.untrained == {"dyt"}  # 6.0 is not 0.3 below 6.1; rmsnorm's 4.0 is
@@ -190,13 +190,13 @@ def test_the_size_report_compares_lr_sensitivity_across_models(tmp_path):
         32: {"rmsnorm": (5.0, 4.0, 5.0), "rmsnorm-qk": (5.0, 4.0, 5.0)},
         64: {"rmsnorm": (5.0, 4.0, 6.0), "rmsnorm-qk": (4.0, 4.0, 4.0)},
     }
-    for d, by_variant in losses.items():
-        for variant, values in by_variant.items():
+    for d, by_arm in losses.items():
+        for arm, values in by_arm.items():
             for seed in (0, 1, 2):  # seed 2 reports at the best rate, 0.01 for every model and variant
                 for lr, loss in zip((0.001, 0.01, 0.1), values):
                     if seed == 2 and lr != 0.01:
                         continue
-                    run = write_run(root / f"d{d}", variant, lr, loss + 0.01 * seed, seed=seed)
+                    run = write_run(root / f"d{d}", arm, lr, loss + 0.01 * seed, seed=seed)
                     config = yaml.safe_load((run / "config.yaml").read_text())
                     config["model"] = {"name": f"study_d{d}", "d_model": d, "tie_embeddings": True}
                     config["runtime"]["params"] = 1000 * d + VOCAB * d
@@ -217,7 +217,7 @@ def test_the_size_report_compares_lr_sensitivity_across_models(tmp_path):
         write_size_report([str(root / "d32")], tmp_path / "one", "val/loss", "rmsnorm")
 
 
-def test_variants_that_share_no_rate_have_their_logits_read_each_at_its_own_best_rate(tmp_path):
+def test_arms_that_share_no_rate_have_their_logits_read_each_at_its_own_best_rate(tmp_path):
     root = tmp_path / "runs"
     write_study(root, {"rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6}}, best_lr=0.01)
     write_study(root, {"rmsnorm-qk": {0.002: 5.0, 0.02: 3.9, 0.2: 4.5}}, best_lr=0.02)
