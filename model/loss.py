@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 CHUNK_ROWS = 512  # measured best on CPU for a 4096 vocabulary: the chunk's logits stay in cache
 # The float32 logits a summed cross-entropy computes whole (a CPU model's validation batch holds a few MB); past
-# this, chunk by chunk (gpu_125m's batch of 16 x 1024 tokens over 32,768 rows would hold 2 GiB).
+# this, in chunks of this size (gpu_125m's batch of 32 x 1024 tokens over 32,768 rows would hold 4 GiB).
 WHOLE_LOGITS_BYTES = 64 * 2**20
 
 
@@ -133,8 +133,8 @@ def summed_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap_value: float | None = None
 ) -> torch.Tensor:
     """The cross-entropy of ``softcap(hidden @ weight.T)`` against ``targets``, summed over every token, in float32:
-    what validation adds up. Computed whole where the float32 logits stay under WHOLE_LOGITS_BYTES, else
-    CHUNK_ROWS rows at a time, so the logits of the whole batch never exist."""
+    what validation adds up. Computed whole where the float32 logits stay under WHOLE_LOGITS_BYTES, else in
+    chunks of that many bytes of logits, so the logits of the whole batch never exist."""
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     rows = max(1, WHOLE_LOGITS_BYTES // (4 * weight.shape[0]))
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from lab.step_timing import hf_model, sync, train_step
 from model import ModelConfig, NormConfig, Transformer
-from model.hf import hf_config, hf_state_dict
 from training.run.runtime import autocast_context, resolve_device
 from training.telemetry.throughput import mfu_or_none, peak_flops
 
@@ -33,29 +33,6 @@ def load_preset(name: str, vocab_size: int) -> ModelConfig:
     preset = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     preset.pop("name")
     return ModelConfig(**preset, vocab_size=vocab_size, norm=NormConfig(name="rmsnorm"))
-
-
-def hf_model(cfg: ModelConfig, ours: Transformer):
-    import transformers
-
-    hf_cfg = transformers.LlamaConfig(**hf_config(ours))
-    hf_cfg._attn_implementation = "sdpa"
-    model = transformers.LlamaForCausalLM(hf_cfg)
-    model.load_state_dict(hf_state_dict(ours), strict=False)
-    return model
-
-
-def train_step(loss_fn, optimizer, tokens, autocast):
-    with autocast:
-        loss = loss_fn(tokens)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -79,7 +56,7 @@ def main() -> None:
     seq_len = args.seq_len or cfg.max_seq_len
     torch.manual_seed(0)
     ours = Transformer(cfg).to(device)
-    theirs = hf_model(cfg, ours).to(device)
+    theirs = hf_model(ours).to(device)
     # Same tokens predicted by both: HF shifts labels inside, so it gets the full window as labels.
     models = {
         "normlab": (ours, lambda t: ours(t[:, :-1], t[:, 1:]).objective),

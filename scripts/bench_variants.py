@@ -19,29 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import shlex
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from analysis.runs import BASELINE, default_baseline
-from model import build_model
+from lab.runs import BASELINE, default_baseline
+from lab.step_timing import Variant, compose_config, measure, summarize
 from model.assembly import block_placements
 from norms import NORM_NAMES
-from training.config import model_config, register_configs, typed_config
-from training.run.runtime import autocast_context, resolve_device, resolve_precision, seed_everything
-from training.step.distributed import Distributed
-from training.step.optim import build_optimizer
-from training.step.post_step import post_step_hooks
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-register_configs()
-
+from training.run.runtime import resolve_device
 
 # The design space's switches that are not a norm type or placement, each measured on the baseline.
 SWITCHES = (
@@ -74,72 +61,6 @@ def default_variants() -> list[str]:
     return variants
 
 
-class Variant:
-    """One model and its optimizer, ready to take training steps."""
-
-    def __init__(self, overrides: list[str], variant: str, device: torch.device) -> None:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = typed_config(compose("config", overrides=[*overrides, *shlex.split(variant)]))
-        self.label = cfg.variant
-        self.precision = resolve_precision(cfg.train.precision, device)
-        seed_everything(cfg.seed)
-        self.model = build_model(model_config(cfg, cfg.data.vocab_size)).to(device)
-        self.optimizer = build_optimizer(self.model, cfg.train, device)
-        self.grad_clip = math.inf if cfg.train.grad_clip is None else cfg.train.grad_clip  # inf: no clipping
-        self.z_loss = cfg.train.z_loss
-        self.post_step_hooks = post_step_hooks(self.model, cfg.train, Distributed())  # as training runs them
-        compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
-        self.step_model = torch.compile(self.model) if compile_model else self.model
-        self.autocast = autocast_context(self.precision, device)
-        self.backends = sorted({norm.backend(device) for norm in self.model.norm_modules().values()})
-
-    def steps(self, tokens: torch.Tensor, count: int) -> None:
-        for _ in range(count):
-            with self.autocast:
-                loss = self.step_model(tokens[:, :-1], tokens[:, 1:], z_loss=self.z_loss).objective
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            for hook in self.post_step_hooks:  # nGPT's renormalization, QK-clip
-                hook()
-        if tokens.device.type == "cuda":
-            torch.cuda.synchronize(tokens.device)
-
-
-def measure(variants: list[Variant], tokens: torch.Tensor, rounds: int, steps: int, warmup: int) -> dict[str, list]:
-    """tokens/s of each variant in each round, the order rotating so that none always goes first."""
-    for variant in variants:
-        variant.steps(tokens, warmup)
-    rates: dict[str, list[float]] = {v.label: [] for v in variants}
-    per_step = tokens.shape[0] * (tokens.shape[1] - 1)
-    for round_index in range(rounds):
-        shift = round_index % len(variants)
-        for variant in variants[shift:] + variants[:shift]:
-            started = time.perf_counter()
-            variant.steps(tokens, steps)
-            rates[variant.label].append(steps * per_step / (time.perf_counter() - started))
-    return rates
-
-
-def summarize(rates: dict[str, list[float]], baseline: str) -> list[dict]:
-    rows = []
-    for label, values in rates.items():
-        ratios = [value / base for value, base in zip(values, rates[baseline])]
-        rows.append(
-            {
-                "variant": label,
-                "tokens_per_sec": statistics.median(values),
-                "min": min(values),
-                "max": max(values),
-                "ratio": statistics.median(ratios),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
-            }
-        )
-    return rows
-
-
 def table(rows: list[dict], baseline: str, backends: dict[str, list[str]]) -> str:
     lines = [
         f"| variant | norm backend | tokens/s (median) | min – max | vs {baseline} (median) | min – max |",
@@ -167,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if not specs:
         print("bench_variants: no variants given", file=sys.stderr)
         return 1
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("config", overrides=args.overrides)
+    cfg = compose_config(args.overrides)
     device = resolve_device(cfg.device)
     try:
         variants = [Variant(args.overrides, spec, device) for spec in specs]

@@ -10,8 +10,10 @@ import time
 
 import pytest
 import torch
-from gpu_check import STAGES, CheckFailed, Stage, run_stage
+from gpu_check import STAGES
 from tiny_runs import ROOT
+
+from lab.gpu_check.stage import CheckFailed, Stage, run_stage
 
 KERNEL_CONTENDERS = {"F.rms_norm", "fused_rmsnorm", "rmsnorm, torch.compile", "F.layer_norm"}
 
@@ -34,14 +36,20 @@ def test_the_dry_run_takes_every_stage_and_writes_a_well_formed_report(tmp_path,
     numbers = {stage["name"]: {n["name"]: n for n in stage["numbers"]} for stage in report["stages"]}
     tests = numbers["correctness"]
     assert tests["tests passed"]["value"] == 1 and tests["tests skipped"]["value"] == 1
-    kernels = [n for n in numbers["kernel_bandwidth"].values() if n["pass"] == "fwd+bwd"]
+    kernels = [n for n in numbers["kernels"].values() if n["pass"] == "fwd+bwd"]
     assert KERNEL_CONTENDERS <= {n["impl"] for n in kernels} and all(0 < n["of_copy"] for n in kernels)
     # Each kernel is timed twice, as the device runs it and as an eager call, for every kind (QK-norm's rows too),
     # and the dry run says why its timings mean nothing.
     assert {n["timing"] for n in kernels} == {"kernel", "call"}
     assert {n["kind"] for n in kernels} == {"rmsnorm", "residual", "partial", "qk"}
-    (kernel_stage,) = [stage for stage in report["stages"] if stage["name"] == "kernel_bandwidth"]
+    (kernel_stage,) = [stage for stage in report["stages"] if stage["name"] == "kernels"]
     assert "say nothing of a GPU's speed" in kernel_stage["notes"]["timing"]
+    # The profile groups the step's time and names its top operators; the groups and the gap add up to the step.
+    profile = report["stages"][[s["name"] for s in report["stages"]].index("profile")]["numbers"]
+    groups = [n for n in profile if "group" in n and "kernel" not in n]
+    assert {"matmuls", "optimizer", "outside aten operators"} <= {n["group"] for n in groups}
+    assert sum(n["ratio"] for n in groups) == pytest.approx(1, abs=0.02) or sum(n["ratio"] for n in groups) > 1
+    assert any("kernel" in n and n["kernel"].startswith("aten::") for n in profile)
     training = numbers["training"]
     assert {"tokens/s, hf_llama, eager", "model FLOP/s, fused_rmsnorm", "peak memory, prmsnorm"} <= training.keys()
     assert numbers["compiled_vs_eager"]["largest relative loss difference over 3 steps"]["ratio"] <= 1
@@ -58,6 +66,24 @@ def test_without_a_gpu_it_says_so_in_one_line_and_points_at_the_dry_run(tmp_path
     assert result.returncode == 1 and not result.stdout and not any(tmp_path.iterdir())
     (line,) = result.stderr.strip().splitlines()
     assert "needs a CUDA GPU" in line and "--dry-run" in line
+
+
+def test_a_failed_launch_keeps_its_last_lines_and_the_next_stage_runs(tmp_path, cache_dir):
+    """Training processes that exit with an error: each stage records the worker's own error line (not torchrun's
+    "a child failed") and the process's last lines (in the JSON and the table), and the stage after a failed one
+    runs all the same."""
+    command = [sys.executable, "scripts/gpu_check.py", "--dry-run", f"--out={tmp_path}", "--stages",
+               "compiled_vs_eager,distributed", f"data.cache_dir={cache_dir}", "train.lr=-1"]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-4000:]
+    (path,) = tmp_path.glob("*.json")
+    stages = json.loads(path.read_text())["stages"]
+    assert [stage["name"] for stage in stages] == ["compiled_vs_eager", "distributed"]
+    table = path.with_suffix(".md").read_text()
+    for stage in stages:
+        assert stage["status"] == "failed" and "exited 1" in stage["error"] and "train.lr" in stage["error"], stage
+        assert 0 < len(stage["log_tail"]) <= 40  # torchrun's own report of the failed worker ends it
+        assert stage["log_tail"][-1] in table
 
 
 def _stage(tmp_path, share_s: float) -> Stage:

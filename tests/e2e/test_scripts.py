@@ -177,3 +177,17 @@ def test_bench_train_prints_both_frameworks_and_the_ratio():
     assert result.returncode == 0, result.stderr
     assert "normlab:" in result.stdout and "hf_llama:" in result.stdout
     assert "ratio normlab / hf_llama:" in result.stdout
+
+
+def test_bench_loss_memory_shows_the_chunked_losses_agree_and_hold_less():
+    """Each chunked loss equals the plain one to float32 rounding and adds less peak memory than the plain loss's
+    whole-batch logits (256 MiB of them here; validation's chunks are 64 MiB, training's 512 rows)."""
+    command = [sys.executable, "scripts/bench_loss_memory.py", "--rows", "16384", "--vocab", "4096", "--dim", "64"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {line[:22].strip(): line[22:].split() for line in result.stdout.splitlines()[2:6]}
+    losses = {way: float(values[-1]) for way, values in rows.items()}
+    assert set(losses) == {"train, plain", "train, fused", "validation, plain", "validation, summed"}
+    assert max(losses.values()) - min(losses.values()) < 1e-5 * max(losses.values())
+    ratios = [float(line.split(": ")[1].split("x")[0]) for line in result.stdout.splitlines()[6:8]]
+    assert len(ratios) == 2 and all(0 < ratio < 0.6 for ratio in ratios), result.stdout
