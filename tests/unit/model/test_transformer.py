@@ -227,3 +227,20 @@ def test_hugging_face_twin_gives_the_same_logits(variant):
 def test_export_refuses_variants_hugging_face_lacks(overrides, reason):
     with pytest.raises(ValueError, match=reason):
         hf_config(Transformer(tiny(**overrides)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_kv_heads", [4, 12], ids=["gqa", "mha"])
+def test_training_attention_runs_on_sdpa_flash_backend_under_bf16_autocast(n_kv_heads):
+    """gpu_125m's attention (head_dim 64, 12 query heads, GQA or not), forward and backward under bf16 autocast, with
+    every SDPA backend but flash attention switched off: SDPA raises where flash cannot take the call, so a mask, a
+    dtype or a layout that sent training to the math kernel (GQA runs only on flash or math on CUDA) fails here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg = tiny(vocab_size=4096, d_model=768, n_layers=2, n_heads=12, n_kv_heads=n_kv_heads, max_seq_len=512)
+    model = Transformer(cfg).cuda()
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len + 1), device="cuda")
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(tokens[:, :-1], tokens[:, 1:]).objective
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
