@@ -1,7 +1,7 @@
 """Forward, backward and forward+backward speed of every norm implementation on this machine.
 
-    python scripts/bench_norms.py                          # CPU or GPU, defaults per device
-    python scripts/bench_norms.py --dims 1024 4096 --dtypes bfloat16 --out bench_out/norms
+    python -m lab bench-norms                          # CPU or GPU, defaults per device
+    python -m lab bench-norms --dims 1024 4096 --dtypes bfloat16 --out bench_out/norms
 
 Each result is a time and an effective bandwidth: bytes moved / time, counting x, y, dy, dx and
 the weight once each (forward: x, y; backward: x, dy, dx; plus the weight and its gradient).
@@ -40,9 +40,6 @@ from lab.plots import pyplot, save
 from norms import NORM_NAMES, build_norm
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-
-
-DESCRIPTION = "Forward, backward and forward+backward speed of every norm implementation on this machine."
 
 
 def measure(
@@ -185,7 +182,7 @@ def bytes_moved(rows: int, dim: int, element: int) -> dict[str, int]:
     return {"fwd": 2 * tensor + weight, "bwd": 3 * tensor + 2 * weight, "fwd+bwd": 5 * tensor + 3 * weight}
 
 
-def run(
+def bench_every_norm(
     dims, dtypes, device: torch.device, tensor_mb: int, reps: int, rounds: int, skip: tuple[str, ...] = ()
 ) -> tuple[list[dict], dict[str, str]]:
     """Every implementation at every size. Per size, the implementations (and the copy baseline)
@@ -283,8 +280,7 @@ def plot(results: list[dict], path: Path) -> None:
     save(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=DESCRIPTION)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--dims",
@@ -303,7 +299,9 @@ def main() -> None:
         "--skip", nargs="*", default=[], choices=list(IMPLEMENTATIONS), help="implementations to leave out"
     )
     parser.add_argument("--out", type=Path, default=Path("bench_out/norms"))
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device)
     gpu = device.type == "cuda"
@@ -314,7 +312,7 @@ def main() -> None:
 
     name = torch.cuda.get_device_name(device) if gpu else f"CPU ({torch.get_num_threads()} threads)"
     print(f"device: {name}; torch {torch.__version__}; x is {tensor_mb} MB per run")
-    results, skipped = run(dims, dtypes, device, tensor_mb, reps, args.rounds, tuple(args.skip))
+    results, skipped = bench_every_norm(dims, dtypes, device, tensor_mb, reps, args.rounds, tuple(args.skip))
     print_table(results)
     for impl, reason in skipped.items():
         print(f"skipped {impl}: {reason}")
@@ -323,3 +321,4 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results, "skipped": skipped}, indent=1))
     plot(results, args.out / "bandwidth.png")
     print(f"wrote {args.out / 'results.json'} and {args.out / 'bandwidth.png'}")
+    return 0

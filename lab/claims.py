@@ -348,7 +348,7 @@ def smallest_margin_agreeing(tested: list[dict], unrun: list[float], index: int,
 
 
 def claims_of(results: list[Result], inputs: list[str] | None = None) -> list[Claim]:
-    """The claims the study declares: as scripts/run_study.py recorded them in the study's folder (its
+    """The claims the study declares: as python -m lab study recorded them in the study's folder (its
     spec's current ``claims:``), else as runs recorded before studies had specs hold them, once each."""
     plan = read_plan(inputs or [])
     specs = (

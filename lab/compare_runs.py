@@ -1,6 +1,6 @@
 """Compare any training runs without wandb: plots and a summary (Markdown and JSON), grouped by a config key.
 
-The library behind ``scripts/compare_runs.py``. Runs are grouped by a config key, by default by
+The library behind ``python -m lab compare``. Runs are grouped by a config key, by default by
 every key they differ in except the seed (their variant, e.g. ``rmsnorm-peri-qk``, and, say, the
 learning rate), so only seeds are pooled: curves show the mean over
 a group's runs with a band of one standard deviation. The summary compares each group's final
@@ -33,7 +33,7 @@ from lab.runs import (
     latest_eval,
     loss_ceiling,
     readable_runs,
-    report_command,
+    show_report,
     swept_keys,
 )
 from lab.stats import Comparison, paired_comparison, unpaired_comparison
@@ -53,8 +53,6 @@ BY_DEPTH = (
     (metric_key("act/layers.{i}/massive_ratio"), "massive-activation ratio (max |h| / median |h|)"),
     (metric_key("attn/layers.{i}/sink_mass"), "attention-sink mass (weight on position 0)"),
 )
-
-DESCRIPTION = "Compare training runs without wandb: plots and a Markdown summary, grouped by norm variant."
 
 
 def mean_band(runs: list[Run], key: str, x_of=None) -> tuple[list[float], list[float], list[float]]:
@@ -353,7 +351,7 @@ def rows_table(rows: list[dict], metric: str, baseline: str | None) -> str:
 def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: str | None) -> Path:
     runs, skipped = readable_runs(inputs)
     for line in skipped:
-        print(f"compare_runs: left out: {line}", file=sys.stderr)
+        print(f"lab compare: left out: {line}", file=sys.stderr)
     check_comparable(runs, metric)
     groups = group_runs(runs, group_by)
     swept = ", ".join(f"`{key}`" for key in swept_keys(runs))
@@ -393,8 +391,7 @@ def compare(inputs: list[str], out: Path, group_by: str, metric: str, baseline: 
     return out / "summary.md"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=DESCRIPTION)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", help="run directories, sweep directories or globs")
     parser.add_argument("--out", type=Path, default=Path("comparison"))
     parser.add_argument(
@@ -405,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--metric", default="val/loss", help="final metric to compare (val/loss or val/bpb)")
     parser.add_argument("--baseline", default=None, help=f"group to compare against (default: {BASELINE} if present)")
-    args = parser.parse_args(argv)
-    return report_command(
-        "compare_runs", lambda: compare(args.inputs, args.out, args.group_by, args.metric, args.baseline), args.out
+
+
+def run(args: argparse.Namespace) -> int:
+    return show_report(
+        "compare", lambda: compare(args.inputs, args.out, args.group_by, args.metric, args.baseline), args.out
     )

@@ -1,8 +1,7 @@
 """Where DyT (and Derf) start to train: the map that configs/experiment/dyt_map.yaml trains.
 
-The library behind ``scripts/dyt_map_report.py``:
-
-    python scripts/dyt_map_report.py runs/dyt_map --out docs/study/dyt
+    python train.py -m +experiment=dyt_map                   # and the experiment's other commands
+    python -m lab dyt-map runs/dyt_map --out docs/study/dyt
 
 A *setting* is a norm, a model (its width), the norms' alpha, the embedding scale and the schedule
 (rate and warmup); the map runs one seed of each, seed 0, which chooses the best setting; a setting's
@@ -20,6 +19,7 @@ at which some setting trains and the settings that do.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from collections import defaultdict
@@ -30,7 +30,7 @@ from lab.format import interval, number
 from lab.keys import fields
 from lab.plots import pyplot, save
 from lab.results import VAL_LOSS
-from lab.runs import Run, RunsError, load_runs
+from lab.runs import Run, RunsError, load_runs, show_report
 from lab.stats import paired_comparison, t_interval
 from lab.study import SATURATED, TRAINED_MARGIN
 from lab.unigram import run_unigram_loss
@@ -410,3 +410,12 @@ over the model's norms in the last checkpoint of the map's seed (alpha is learne
     (out / "report.md").write_text(report)
     (out / "map.json").write_text(json.dumps(summary, indent=1))
     return out / "report.md"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", help="the map's run folder (runs/dyt_map), run folders or globs")
+    parser.add_argument("--out", type=Path, default=Path("dyt_map"))
+
+
+def run(args: argparse.Namespace) -> int:
+    return show_report("dyt-map", lambda: write_report(args.inputs, args.out), args.out)

@@ -1,7 +1,7 @@
 """The analyses behind the norms: invariances, pRMSNorm's prefix, input offsets, costs.
 
-    python scripts/norm_properties.py --out norm_properties/
-    python scripts/norm_properties.py --model gpu_125m --out norm_properties/
+    python -m lab norm-properties --out norm_properties/
+    python -m lab norm-properties --model gpu_125m --out norm_properties/
 
 Computed with normlab's own ``norms`` functions, in float64 where exactness is the point:
 1. invariances: scale (exact when eps scales by a^2), shift, mean-centering; max deviations.
@@ -34,9 +34,6 @@ from model import ModelConfig, NormConfig, Transformer
 from norms import NORM_NAMES, build_norm, norm_class, norm_options, partial_rms_norm, rms_norm
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-DESCRIPTION = "The analyses behind the norms: invariances, pRMSNorm's prefix, input offsets, costs."
 
 
 def registered_norms(dim: int, options: dict[str, dict] | None = None) -> dict[str, Callable]:
@@ -238,12 +235,13 @@ def plot_offset(offsets: list[float], curves: dict, path: Path) -> None:
     save(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=DESCRIPTION)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("norm_properties"))
     parser.add_argument("--model", default="small", help="model preset for the cost table (configs/model)")
     parser.add_argument("--rows", type=int, default=2048, help="tokens per timed call")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     inv = invariances()
@@ -275,3 +273,4 @@ output mean tends to ±1 and its RMS stays 1. See offset.png.
     (args.out / "properties.md").write_text(report)
     print(report)
     print(f"wrote {args.out}")
+    return 0

@@ -1,10 +1,8 @@
 """What each norm choice costs under quantization, against its outlier features and massive activations.
 
-The library behind ``scripts/outliers_report.py``:
-
     python train.py -m +experiment=outliers
     python eval.py 'checkpoint=runs/outliers/*' quant=[w8a8,w8a8_tensor,w4a16,fp8]
-    python scripts/outliers_report.py runs/outliers --out docs/outliers
+    python -m lab outliers runs/outliers --out docs/outliers
 
 For each run it reads the last checkpoint's entry in the run's eval.json (eval.py's float loss,
 its probes and the quantized losses) and writes into --out:
@@ -25,6 +23,7 @@ again the largest over blocks.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from lab.format import interval, number
 from lab.keys import metric_key
 from lab.labels import shared_switches, without_switches
 from lab.plots import pyplot, save
-from lab.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs
+from lab.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs, show_report
 from lab.stats import holm, paired_comparison, rank_correlation, t_interval
 from lab.study import TRAINED_MARGIN
 from lab.unigram import run_unigram_loss
@@ -147,9 +146,7 @@ def paired_difference(points: list[Point], arm: str, baseline: str, value) -> di
     if arm not in grouped or baseline not in grouped:
         return None
     base = {p.seed: value(p) for p in grouped[baseline]}
-    pairs = [
-        (value(p), base[p.seed]) for p in grouped[arm] if base.get(p.seed) is not None and value(p) is not None
-    ]
+    pairs = [(value(p), base[p.seed]) for p in grouped[arm] if base.get(p.seed) is not None and value(p) is not None]
     if not pairs:
         return None
     comparison = paired_comparison([a - b for a, b in pairs], "higher")
@@ -403,3 +400,13 @@ give position 0, mean over blocks.
     ]  # fmt: skip
     (out / "outliers.json").write_text(json.dumps({**summary, "runs": runs}, indent=1))
     return out / "report.md"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", help="the experiment's run folder (runs/outliers), run folders or globs")
+    parser.add_argument("--out", type=Path, default=Path("outliers"))
+    parser.add_argument("--baseline", default=BASELINE)
+
+
+def run(args: argparse.Namespace) -> int:
+    return show_report("outliers", lambda: write_report(args.inputs, args.out, args.baseline), args.out)

@@ -1,7 +1,7 @@
 """A study's runs as results: one per run of the grid, with the losses the statistics start from.
 
 A diverged or unfinished run counts as the initial loss (Wortsman et al.'s capped loss); the grid
-and the claims that scripts/run_study.py planned are read from the study folder's plan file.
+and the claims that python -m lab study planned are read from the study folder's plan file.
 """
 
 from __future__ import annotations
@@ -87,11 +87,11 @@ def by_model(results: list[Result]) -> dict[str, list[Result]]:
     return dict(grouped)
 
 
-PLAN_FILE = "study_plan.json"  # what scripts/run_study.py planned, written into the study's folder
+PLAN_FILE = "study_plan.json"  # what python -m lab study planned, written into the study's folder
 
 
 def read_plan(inputs: list[str]) -> dict | None:
-    """What scripts/run_study.py recorded in a study folder (its grid, variants, runs and claims), if any."""
+    """What python -m lab study recorded in a study folder (its grid, variants, runs and claims), if any."""
     for folder in inputs:
         plan = Path(folder) / PLAN_FILE
         if plan.is_file():
@@ -100,7 +100,7 @@ def read_plan(inputs: list[str]) -> dict | None:
 
 
 def planned_grid(inputs: list[str]) -> list[float] | None:
-    """The common learning-rate grid that scripts/run_study.py recorded in a study folder, if any."""
+    """The common learning-rate grid that python -m lab study recorded in a study folder, if any."""
     plan = read_plan(inputs)
     return sorted(plan["learning_rates"]) if plan else None
 

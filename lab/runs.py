@@ -289,19 +289,19 @@ def default_baseline(groups) -> str:
     return next((g for g in groups if g.startswith(BASELINE + ", ")), next(iter(groups)))
 
 
-def report_command(program: str, write: Callable[[], Path], out: Path) -> int:
-    """How a report script ends: write the report, print it and where it went; a RunsError (no runs, a
+def show_report(command: str, write: Callable[[], Path], out: Path) -> int:
+    """How a report command ends: write the report, print it and where it went; a RunsError (no runs, a
     missing baseline, mixed tokenizers) is the user's to fix, so it is one line and exit status 1."""
     if out.exists() and not out.is_dir():
         print(
-            f"{program}: --out {out} is a file; give a folder for the report (it is created if missing)",
+            f"lab {command}: --out {out} is a file; give a folder for the report (it is created if missing)",
             file=sys.stderr,
         )
         return 1
     try:
         path = write()
     except RunsError as err:
-        print(f"{program}: {err}", file=sys.stderr)
+        print(f"lab {command}: {err}", file=sys.stderr)
         return 1
     print(path.read_text())
     print(f"wrote {out}")

@@ -143,7 +143,7 @@ def summarize(results: list[Result]) -> dict[str, ArmSummary]:
         if not selection:
             raise RunsError(
                 f"{arm}: no seed ran at every one of its rates {sorted(by_lr)}, so no seed can choose its best "
-                "rate; rerun the study (scripts/run_study.py) to complete its grid"
+                "rate; rerun the study (python -m lab study) to complete its grid"
             )
         best_lr = best_rate({(r.lr, r.seed): capped_loss(r) for r in runs}, selection)
         losses = {lr: statistics.fmean(capped_loss(r) for r in rs if r.seed in selection) for lr, rs in by_lr.items()}

@@ -56,9 +56,7 @@ def plot_loss_vs_step(results: list[Result], best_lrs: dict[str, float], path: P
                         curves.setdefault(row["step"], []).append(row[VAL_LOSS])
         steps = sorted(curves)
         style = {"color": plt.get_cmap("tab20")(i % 20), "linestyle": ("-", "--", ":")[i // 20 % 3]}
-        ax.plot(
-            steps, [statistics.fmean(curves[s]) for s in steps], marker=".", label=f"{arm} (lr {lr:g})", **style
-        )
+        ax.plot(steps, [statistics.fmean(curves[s]) for s in steps], marker=".", label=f"{arm} (lr {lr:g})", **style)
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title("each variant at its best rate, mean over seeds")
@@ -100,9 +98,7 @@ def plot_depth_and_kurtosis(results: list[Result], lr: float, depth_path: Path, 
     """The Peri-LN figure (stream RMS against depth) beside the massive-activation ratio and the
     attention-sink mass against depth, and feature kurtosis over training, at one learning rate."""
     plt = pyplot()
-    chosen = sorted(
-        (r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.arm
-    )
+    chosen = sorted((r for r in results if r.lr == lr and r.seed == min(x.seed for x in results)), key=lambda r: r.arm)
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
     for ax, (template, label) in zip(axes, BY_DEPTH):
         for r in chosen:

@@ -20,9 +20,17 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List  # noqa: UP035  # OmegaConf reads these annotations (the config schema)
+from typing import Dict, List, Optional  # noqa: UP035  # OmegaConf reads these annotations (the config schema)
 
-# ruff: noqa: UP006
+# ruff: noqa: UP006, UP045
+
+# A study of several models is reported along one of their sizes (lab/across_models.py): name -> its unit.
+AXES = {
+    "n_layers": "layers",
+    "d_model": "d_model",
+    "params": "parameters",
+    "non_embedding_params": "non-embedding parameters",
+}
 
 
 @dataclass
@@ -44,6 +52,13 @@ class StudyPlan:
     seconds_per_run: float = 60.0  # one run's time, for the estimate before any run has finished
     # eval.py layer_importance=true on each report seed's final checkpoint (skip deltas per block), after training
     layer_importance: bool = False
+    # A study of several models (its sweep's ``model``): the size they are reported along, one of AXES; None:
+    # one model, the one-model report
+    axis: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.axis is not None and self.axis not in AXES:
+            raise ValueError(f"plan.axis must be one of {', '.join(AXES)}, got {self.axis!r}")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,9 @@
 """A learning-rate study's report: which norm variants train well over which rates, and what its claims show.
 
-The library behind ``scripts/study_report.py`` (its statistics: lab/study.py; its claims:
-lab/claims.py; its figures: lab/study_figures.py):
+Its statistics: lab/study.py; its claims: lab/claims.py; its figures: lab/study_figures.py.
 
-    python scripts/run_study.py +experiment=stability      # trains the study, then writes this report
-    python scripts/study_report.py runs/stability --out study/ --speed bench_out/variants/results.json
+    python -m lab study +experiment=stability      # trains the study, then writes this report
+    python -m lab report runs/stability --out study/ --speed bench_out/variants/results.json
 
 In the style of Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training
 instabilities") and Peri-LN (Kim et al. 2025). Reads every run under the inputs (runs missing
@@ -34,7 +33,7 @@ from lab.claims import claims_of, equivalence_words, evaluate_claim, influence_w
 from lab.format import interval, number
 from lab.labels import shared_switches
 from lab.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid, read_plan
-from lab.runs import BASELINE, RunsError, report_command
+from lab.runs import BASELINE, RunsError, show_report
 from lab.stats import paired_comparison, t_interval
 from lab.study import (
     MIN_COMMON_RATES,
@@ -446,7 +445,7 @@ At lr {base.best_lr:g} (the baseline's best), end of training:
         report += (
             f"\nThis report is of model {chosen}; these folders also hold "
             + ", ".join(f"{n} runs of {name}" for name, n in others.items())
-            + " (`scripts/size_report.py` compares the models, `--model` reports on another).\n"
+            + " (`python -m lab across-models` compares the models, `--model` reports on another).\n"
         )
     if skipped:
         report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
@@ -455,19 +454,18 @@ At lr {base.best_lr:g} (the baseline's best), end of training:
     return out / "report.md"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="A learning-rate study's report: norm variants across learning rates, and its claims."
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", help="the study's run folder (runs/stability), run folders or globs")
     parser.add_argument("--out", type=Path, default=Path("study"))
     parser.add_argument("--metric", default="val/loss", help="val/loss, or val/bpb across tokenizers")
     parser.add_argument("--speed", type=Path, default=None, help="a results.json from scripts/bench_variants.py")
     parser.add_argument("--baseline", default=BASELINE)
     parser.add_argument("--model", default=None, help="the model to report on (default: the one with the most runs)")
-    args = parser.parse_args(argv)
-    return report_command(
-        "study_report",
+
+
+def run(args: argparse.Namespace) -> int:
+    return show_report(
+        "report",
         lambda: write_report(args.inputs, args.out, args.metric, args.speed, args.baseline, args.model),
         args.out,
     )

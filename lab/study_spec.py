@@ -27,20 +27,12 @@ class StudySpecError(ValueError):
     """A spec that is missing or does not fit the schema; the message names the file and the key."""
 
 
-REPORTS = ("study", "size", "depth")  # lab/study_report.py, size_report.py, depth_report.py
-
-
 @dataclass
 class StudySpec:
     plan: StudyPlan = field(default_factory=StudyPlan)
     claims: List[Claim] = field(default_factory=list)
     extends: Optional[str] = None  # another spec this one starts from
-    report: str = "study"  # which report run_study.py writes: study (one model), size (widths) or depth (depths)
     title: str = "Stability study: norm variants across learning rates"  # the report's heading
-
-    def __post_init__(self) -> None:
-        if self.report not in REPORTS:
-            raise ValueError(f"report must be one of {', '.join(REPORTS)}, got {self.report!r}")
 
 
 def load_study_spec(name: str, overrides: list[str] = (), folder: Path = SPECS) -> StudySpec:

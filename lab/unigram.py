@@ -1,7 +1,7 @@
 """The unigram line: the loss, on a study's validation windows, of a model that learned only token frequencies.
 
 A study counts a variant as trained only once its best loss is well below this line (lab/study.py).
-scripts/run_study.py computes it before the grid and records it in the study's folder (``study_plan.json``);
+python -m lab study computes it before the grid and records it in the study's folder (``study_plan.json``);
 runs recorded it themselves (``runtime.unigram_val_loss``) while the core computed it, and those records
 still count. A reader of runs of neither kind (the DyT map, trained with ``train.py -m``) asks for the line
 computed from their config's data, once per corpus and sequence length; the studies' readers do not, so

@@ -31,8 +31,7 @@ def _():
 
     ROOT = mo.notebook_dir().parent
 
-    from lab.bench_norms import IMPLEMENTATIONS
-    from lab.bench_norms import run as bench_norms_run
+    from lab.bench_norms import IMPLEMENTATIONS, bench_every_norm
     from lab.compare_runs import SUMMARY_NOTE, summary_table
     from lab.keys import metric_key
     from lab.norm_properties import invariance_table, prefix_rms_error, registered_norms
@@ -73,7 +72,7 @@ def _():
         ROOT,
         RunsError,
         SUMMARY_NOTE,
-        bench_norms_run,
+        bench_every_norm,
         check_comparable,
         default_baseline,
         defaultdict,
@@ -574,7 +573,7 @@ def _(default_baseline, mo, run_groups, tokenizer_note):
 def _(SUMMARY_NOTE, baseline, mo, run_groups, summary_metric, summary_table):
     mo.vstack(
         [
-            mo.md("### Summary (as `scripts/compare_runs.py` writes it)"),
+            mo.md("### Summary (as `python -m lab compare` writes it)"),
             mo.hstack([summary_metric, baseline], justify="start"),
             mo.md(summary_table(run_groups, summary_metric.value, baseline.value)),
             mo.md(
@@ -634,7 +633,7 @@ def _(
     bench_dim,
     bench_dtype,
     bench_mb,
-    bench_norms_run,
+    bench_every_norm,
     mo,
     torch,
 ):
@@ -645,7 +644,7 @@ def _(
     _device = torch.device(bench_device.value)
     _skip = () if bench_compiled.value else tuple(n for n in IMPLEMENTATIONS if n.startswith("compiled_"))
     with mo.status.spinner(title="measuring..."):
-        bench_results, bench_skipped = bench_norms_run(
+        bench_results, bench_skipped = bench_every_norm(
             [int(bench_dim.value)],
             [getattr(torch, bench_dtype.value)],
             _device,

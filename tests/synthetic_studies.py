@@ -37,7 +37,7 @@ def write_run(
         "variant": label,
         "norm": {"name": parts[0], "placement": placement, "qk": parts[0] if "qk" in parts else None},
         "seed": seed,
-        "model": {"name": model, "n_layers": n_layers, "d_model": 64, "max_seq_len": 128},
+        "model": {"name": model, "n_layers": n_layers, "d_model": 64, "max_seq_len": 128, "tie_embeddings": True},
         "train": {"lr": lr, "max_steps": 20},
         "runtime": {"vocab_size": VOCAB, "global_batch_tokens": 2048, "params": 10240},
     }
@@ -73,6 +73,6 @@ def write_study(root, grid: dict, selection=(0, 1, 2), report=(3, 4), best_lr=0.
         for seed in report:
             loss = by_lr[best_lr]
             write_run(root, arm, best_lr, loss + 0.1 * (seed - report[0]), seed=seed, **kwargs)
-    # What scripts/run_study.py records in the study's folder: the grid and the spec's claims.
+    # What python -m lab study records in the study's folder: the grid and the spec's claims.
     rates = sorted({lr for by_lr in grid.values() for lr in by_lr})
     (root / PLAN_FILE).write_text(json.dumps({"learning_rates": rates, "variants": list(grid), "claims": CLAIMS}))

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import compare_runs
 import export_hf
 import pytest
 import torch
@@ -20,6 +19,7 @@ from tiny_runs import ROOT, compose_config, read_metrics, run_tiny, tiny_overrid
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import eval as eval_script
+from lab.__main__ import main as lab
 from lab.runs import latest_eval, load_run
 from training.checkpoints.sharded import read_checkpoint
 from training.config import ConfigError, check_config
@@ -169,12 +169,12 @@ def compose_eval(*overrides):
 
 
 def test_readers_refuse_to_succeed_on_nothing(tmp_path, sweep, capsys):
-    assert compare_runs.main([str(sweep), "--metric", "no/such_key", "--out", str(tmp_path / "c")]) == 1
+    assert lab(["compare", str(sweep), "--metric", "no/such_key", "--out", str(tmp_path / "c")]) == 1
     assert "no run logged the metric 'no/such_key'; they logged: " in capsys.readouterr().err
-    assert compare_runs.main([str(sweep), "--group-by", "train.nope", "--out", str(tmp_path / "c")]) == 1
+    assert lab(["compare", str(sweep), "--group-by", "train.nope", "--out", str(tmp_path / "c")]) == 1
     assert "has no key 'train.nope' to group by; its keys: " in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
-    assert compare_runs.main([str(sweep), "--out", str(tmp_path / "file")]) == 1
+    assert lab(["compare", str(sweep), "--out", str(tmp_path / "file")]) == 1
     assert "is a file" in capsys.readouterr().err
     result = _cli("notebooks/explore.py", "--runs", str(tmp_path / "missing"))
     assert result.returncode == 1 and "no such folder" in result.stdout
@@ -184,7 +184,7 @@ def test_a_damaged_run_record_is_named_and_the_other_runs_compared(tmp_path, swe
     shutil.copytree(sweep, tmp_path / "sweep")
     damaged = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())[0]
     (damaged / "config.yaml").write_text("{not yaml: [")
-    assert compare_runs.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "c")]) == 0
+    assert lab(["compare", str(tmp_path / "sweep"), "--out", str(tmp_path / "c")]) == 0
     assert f"left out: {damaged}/config.yaml cannot be read" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""scripts/run_study.py: one command trains a study's grid, its edges and its seeds, then reports."""
+"""python -m lab study: one command trains a study's grid, its edges and its seeds, then reports."""
 
 import json
 import os
@@ -6,9 +6,9 @@ import shutil
 import subprocess
 import sys
 
-from run_study import evaluate_layer_importance, finished_losses
 from tiny_runs import ROOT, tiny_overrides
 
+from lab.run_study import evaluate_layer_importance, finished_losses
 from lab.runs import find_runs
 from lab.study import skip_deltas
 from lab.study_plan import StudyPlan
@@ -18,7 +18,7 @@ from training.run.lock import RunLock
 def _run_study(tmp_path, cache_dir, *extra):
     overrides = [o for o in tiny_overrides(cache_dir, 3) if not o.startswith("train.max_steps")]
     command = [
-        sys.executable, "scripts/run_study.py", "+experiment=stability", "hydra/launcher=basic", *overrides,
+        sys.executable, "-m", "lab", "study", "+experiment=stability", "hydra/launcher=basic", *overrides,
         "train.max_steps=3", "data.heldout_windows=2", "+variant=rmsnorm,identity", "train.lr=0.001,0.01",
         "plan.headline=[]", "plan.selection_seeds=1", "plan.report_seeds=2",
         "plan.extra_rates=1", f"hydra.sweep.dir={tmp_path / 'runs'}", "--out", str(tmp_path / "report"), *extra,

@@ -1,4 +1,4 @@
-"""The scripts (compare_runs.py, norm_properties.py, bench_norms.py, bench_train.py) and the lab library behind them."""
+"""The lab's commands (compare, norm-properties, bench-norms), scripts/bench_train.py, and the library behind them."""
 
 import json
 import math
@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from tiny_runs import ROOT
 
-from lab import compare_runs
+from lab.__main__ import main as lab
 from norms import NORM_NAMES
 
 PLOTS = ("loss.png", "throughput.png", "activations.png", "gains.png")
@@ -28,7 +28,7 @@ def summary_rows(out) -> dict[str, list[str]]:
 
 
 def test_compare_runs_writes_every_plot_and_the_table(sweep, tmp_path):
-    assert compare_runs.main([str(sweep), "--out", str(tmp_path)]) == 0
+    assert lab(["compare", str(sweep), "--out", str(tmp_path)]) == 0
     for name in PLOTS:
         assert (tmp_path / name).stat().st_size > 10_000, name
     rows = summary_rows(tmp_path)
@@ -42,7 +42,7 @@ def test_compare_runs_writes_every_plot_and_the_table(sweep, tmp_path):
 def test_compare_runs_pairs_by_seed_as_a_hand_computation_does(sweep, tmp_path):
     """Two seeds a side: the per-seed differences d0, d1; mean, sd |d0 - d1| / sqrt 2, and with 1 degree of
     freedom the 95% t quantile 12.706 and p = 1 - (2/pi) atan|t|."""
-    assert compare_runs.main([str(sweep), "--out", str(tmp_path)]) == 0
+    assert lab(["compare", str(sweep), "--out", str(tmp_path)]) == 0
     d = [final_val_loss(sweep / f"layernorm-s{s}") - final_val_loss(sweep / f"rmsnorm-s{s}") for s in (0, 1)]
     mean, se = (d[0] + d[1]) / 2, abs(d[0] - d[1]) / 2  # sd / sqrt(2) = |d0 - d1| / sqrt(2) / sqrt(2)
     t = mean / se
@@ -63,12 +63,12 @@ def test_compare_runs_pairs_by_seed_as_a_hand_computation_does(sweep, tmp_path):
 def test_compare_runs_names_the_fallback_where_seeds_do_not_pair(sweep, tmp_path):
     one_a_side = tmp_path / "one"
     # seed 1 of layernorm against seed 0 of rmsnorm, one run a side: no test, nothing called lower or higher
-    assert compare_runs.main([str(sweep / "rmsnorm-s0"), str(sweep / "layernorm-s1"), "--out", str(one_a_side)]) == 0
+    assert lab(["compare", str(sweep / "rmsnorm-s0"), str(sweep / "layernorm-s1"), "--out", str(one_a_side)]) == 0
     row = summary_rows(one_a_side)["layernorm"]
     assert row[4:8] == ["–", "–", "–", "no test: one run on a side"]
     # Grouped by the seed, each group holds both norms at one seed: no seed pairs across groups.
     by_seed = tmp_path / "by_seed"
-    assert compare_runs.main([str(sweep), "--group-by", "seed", "--baseline", "0", "--out", str(by_seed)]) == 0
+    assert lab(["compare", str(sweep), "--group-by", "seed", "--baseline", "0", "--out", str(by_seed)]) == 0
     row = summary_rows(by_seed)["1"]
     assert row[7] == "Welch's t, unpaired: fewer than two seeds pair"
     a = [final_val_loss(sweep / f"{n}-s1") for n in ("rmsnorm", "layernorm")]
@@ -78,34 +78,34 @@ def test_compare_runs_names_the_fallback_where_seeds_do_not_pair(sweep, tmp_path
 
 
 def test_compare_runs_groups_by_any_config_key_and_takes_globs(sweep, tmp_path):
-    assert compare_runs.main([str(sweep / "*-s0"), "--group-by", "seed", "--out", str(tmp_path)]) == 0
+    assert lab(["compare", str(sweep / "*-s0"), "--group-by", "seed", "--out", str(tmp_path)]) == 0
     assert summary_rows(tmp_path)["0"][1] == "2"
 
 
 def test_compare_runs_errors(sweep, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert compare_runs.main([str(empty)]) == 1
+    assert lab(["compare", str(empty)]) == 1
     assert "no runs found" in capsys.readouterr().err
 
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.yaml").write_text((sweep / "rmsnorm-s0" / "config.yaml").read_text())
-    assert compare_runs.main([str(broken)]) == 1
+    assert lab(["compare", str(broken)]) == 1
     assert "has no metrics" in capsys.readouterr().err
 
     other_tokenizer = tmp_path / "other"
     subprocess.run(["cp", "-r", str(sweep / "rmsnorm-s1"), str(other_tokenizer)], check=True)
     (other_tokenizer / "tokenizer.json").write_text("{}")
     runs = [str(sweep / "layernorm-s0"), str(other_tokenizer)]
-    assert compare_runs.main([*runs, "--out", str(tmp_path / "c")]) == 1
+    assert lab(["compare", *runs, "--out", str(tmp_path / "c")]) == 1
     assert "--metric val/bpb" in capsys.readouterr().err
-    assert compare_runs.main([*runs, "--metric", "val/bpb", "--out", str(tmp_path / "c")]) == 0
+    assert lab(["compare", *runs, "--metric", "val/bpb", "--out", str(tmp_path / "c")]) == 0
 
 
 def test_norm_properties_writes_its_report(tmp_path):
     result = subprocess.run(
-        [sys.executable, "scripts/norm_properties.py", "--out", str(tmp_path), "--rows", "64"],
+        [sys.executable, "-m", "lab", "norm-properties", "--out", str(tmp_path), "--rows", "64"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -123,7 +123,9 @@ def test_bench_norms_on_cpu_reports_rows_and_skips(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            "scripts/bench_norms.py",
+            "-m",
+            "lab",
+            "bench-norms",
             "--dims",
             "64",
             "256",

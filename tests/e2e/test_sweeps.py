@@ -85,7 +85,7 @@ def test_the_gpu_grid_is_the_same_study_on_a_larger_model_and_says_what_it_would
     assert cfg.run_name == "gpu_25m-rmsnorm-qk-wd_independent-lr0.01-s2"
     assert cfg.train.weight_decay_mode == "independent" and cfg.cpu_threads is None
     dry = subprocess.run(
-        [sys.executable, "scripts/run_study.py", "+experiment=stability_gpu", f"hydra.sweep.dir={tmp_path}", "--dry-run"],
+        [sys.executable, "-m", "lab", "study", "+experiment=stability_gpu", f"hydra.sweep.dir={tmp_path}", "--dry-run"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr[-2000:]

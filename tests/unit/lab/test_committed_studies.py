@@ -16,9 +16,8 @@ STUDIES = sorted(DOCS.rglob("study.json"))
 
 
 def claims_of(path: Path) -> list[dict]:
-    """Every claim of a study.json: each depth's and each model's too, one family."""
-    data = json.loads(path.read_text())
-    return [claim for row in data.get("by_depth") or data.get("by_size") or [data] for claim in row.get("claims", [])]
+    """Every claim of a study.json (a study across models: each model's, one family)."""
+    return json.loads(path.read_text())["claims"]
 
 
 def claims_with_a_verdict():

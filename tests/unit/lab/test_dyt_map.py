@@ -7,6 +7,7 @@ import torch
 import yaml
 from synthetic_studies import write_run
 
+from lab.__main__ import main as lab
 from lab.dyt_map import final_alphas, summarize, write_report
 from lab.runs import RunsError, load_runs
 
@@ -80,13 +81,11 @@ def test_runs_on_different_validation_windows_are_refused(tmp_path):
         summarize(load_runs([str(tmp_path)])[0])
 
 
-def test_the_script_without_finished_runs_says_what_to_train(tmp_path, capsys):
-    from dyt_map_report import main
-
+def test_the_command_without_finished_runs_says_what_to_train(tmp_path, capsys):
     _run(tmp_path, "d64", 64, 400_000, 0.5, 6.05)
     metrics = next(tmp_path.rglob("metrics.jsonl"))
     metrics.write_text(metrics.read_text().splitlines()[0] + "\n")  # stopped at step 10 of 20
-    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert lab(["dyt-map", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
     assert "no finished run" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 

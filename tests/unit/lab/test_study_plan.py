@@ -3,8 +3,8 @@
 from itertools import product
 
 import pytest
-from run_study import commands, split_axes
 
+from lab.run_study import commands, split_axes
 from lab.study_plan import (
     Job,
     StudyPlan,

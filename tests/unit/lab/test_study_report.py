@@ -1,4 +1,4 @@
-"""scripts/study_report.py on synthetic study folders: the LR-sensitivity metric, divergences, skips,
+"""python -m lab report on synthetic study folders: the LR-sensitivity metric, divergences, skips,
 refusals, and claims declared as data."""
 
 import json
@@ -8,10 +8,10 @@ import pytest
 import yaml
 from synthetic_studies import L0, VOCAB, write_run, write_study
 
-from lab import compare_runs, study_report
+from lab import study_report
+from lab.__main__ import main as lab
 from lab.results import load_results
 from lab.runs import SWEPT, RunsError, default_baseline, find_runs, group_runs, loss_ceiling, swept_keys
-from lab.size_report import by_size, write_size_report
 from lab.study import Study, lr_sensitivity
 
 GRID = {
@@ -40,7 +40,7 @@ def test_lr_sensitivity_against_a_hand_calculation():
 
 def test_report_on_a_study_with_a_diverged_and_a_missing_run(study, tmp_path):
     out = tmp_path / "report"
-    assert study_report.main([str(study), "--out", str(out)]) == 0
+    assert lab(["report", str(study), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
     for figure in ("loss_vs_lr.png", "loss_vs_step.png", "attention_logits.png", "depth.png", "feature_kurtosis.png"):
         assert (out / figure).stat().st_size > 5_000, figure
@@ -117,12 +117,12 @@ def test_mixed_tokenizers_are_refused_for_loss_but_not_for_bits_per_byte(tmp_pat
     write_run(root, "layernorm", 0.01, 4.2, tokenizer="bpe-b")
     with pytest.raises(RunsError, match="different tokenizers"):
         load_results([str(root)], "val/loss")
-    assert study_report.main([str(root), "--out", str(tmp_path / "o"), "--metric", "val/bpb"]) == 0
+    assert lab(["report", str(root), "--out", str(tmp_path / "o"), "--metric", "val/bpb"]) == 0
 
 
 def test_no_runs_or_no_baseline_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert study_report.main([str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 1
+    assert lab(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 1
     root = tmp_path / "nobase"
     write_run(root, "dyt", 0.01, 4.0)
     with pytest.raises(RunsError, match="baseline 'rmsnorm' is not among the variants: dyt"):
@@ -179,42 +179,7 @@ def test_a_blown_up_run_does_not_set_the_loss_axis(tmp_path):
         metrics.write(json.dumps({"step": 30, "train/loss": 1e30}) + "\n")
     runs = find_runs([str(tmp_path / "b")])
     assert loss_ceiling(runs) == pytest.approx(1.25 * math.log(VOCAB))
-    assert compare_runs.main([str(tmp_path / "b"), "--out", str(tmp_path / "c")]) == 0
-
-
-def test_the_size_report_compares_lr_sensitivity_across_models(tmp_path):
-    """Two widths, each a study of its own: by_size holds each model's sensitivity with its seeds' interval."""
-    root = tmp_path / "size"
-    # At d = 64 QK-norm is flat over the rates; at d = 32 both variants lose 1 nat at the edges.
-    losses = {
-        32: {"rmsnorm": (5.0, 4.0, 5.0), "rmsnorm-qk": (5.0, 4.0, 5.0)},
-        64: {"rmsnorm": (5.0, 4.0, 6.0), "rmsnorm-qk": (4.0, 4.0, 4.0)},
-    }
-    for d, by_arm in losses.items():
-        for arm, values in by_arm.items():
-            for seed in (0, 1, 2):  # seed 2 reports at the best rate, 0.01 for every model and variant
-                for lr, loss in zip((0.001, 0.01, 0.1), values):
-                    if seed == 2 and lr != 0.01:
-                        continue
-                    run = write_run(root / f"d{d}", arm, lr, loss + 0.01 * seed, seed=seed)
-                    config = yaml.safe_load((run / "config.yaml").read_text())
-                    config["model"] = {"name": f"study_d{d}", "d_model": d, "tie_embeddings": True}
-                    config["runtime"]["params"] = 1000 * d + VOCAB * d
-                    (run / "config.yaml").write_text(yaml.safe_dump(config))
-    results, _ = load_results([str(root)], "val/loss")
-    rows = by_size(results, "rmsnorm", [str(root)])
-    assert [r["model"] for r in rows] == ["study_d32", "study_d64"]
-    assert [r["non_embedding_params"] for r in rows] == [32_000, 64_000]
-    assert rows[1]["variants"]["rmsnorm"]["lr_sensitivity"]["value"] == pytest.approx((1.0 + 0 + 2.0) / 3)
-    assert rows[1]["variants"]["rmsnorm-qk"]["lr_sensitivity"]["value"] == pytest.approx(0.0)
-    assert rows[0]["variants"]["rmsnorm"]["lr_sensitivity"]["ci95"] is not None  # two seeds: an interval
-    assert rows[0]["variants"]["rmsnorm"]["report_seeds"] == [2] and rows[0]["variants"]["rmsnorm"]["best_loss"] == 4.02
-    write_size_report([str(root)], tmp_path / "out", "val/loss", "rmsnorm")
-    data = json.loads((tmp_path / "out" / "study.json").read_text())
-    assert [r["model"] for r in data["by_size"]] == ["study_d32", "study_d64"]
-    assert (tmp_path / "out" / "lr_sensitivity_vs_size.png").stat().st_size > 5_000
-    with pytest.raises(RunsError, match="one model"):
-        write_size_report([str(root / "d32")], tmp_path / "one", "val/loss", "rmsnorm")
+    assert lab(["compare", str(tmp_path / "b"), "--out", str(tmp_path / "c")]) == 0
 
 
 def test_arms_that_share_no_rate_have_their_logits_read_each_at_its_own_best_rate(tmp_path):
@@ -222,7 +187,7 @@ def test_arms_that_share_no_rate_have_their_logits_read_each_at_its_own_best_rat
     write_study(root, {"rmsnorm": {0.001: 5.0, 0.01: 4.0, 0.1: 4.6}}, best_lr=0.01)
     write_study(root, {"rmsnorm-qk": {0.002: 5.0, 0.02: 3.9, 0.2: 4.5}}, best_lr=0.02)
     out = tmp_path / "report"
-    assert study_report.main([str(root), "--out", str(out)]) == 0
+    assert lab(["report", str(root), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "they share none" in report and "each variant at its own best rate" in report
     assert (out / "attention_logits.png").stat().st_size > 5_000

@@ -34,7 +34,7 @@ def test_a_runs_line_is_its_own_record_else_its_study_folders(tmp_path):
 
 
 def test_a_run_with_no_record_gets_the_line_computed_from_its_data(tmp_path, cache_dir):
-    """A map trained with train.py -m records no line; asked, its config's data gives it as run_study.py computes it."""
+    """A map trained with train.py -m records no line; asked, its config's data gives it as `python -m lab study` computes it."""
     cfg = compose_config(*tiny_overrides(cache_dir))
     config = {**dataclasses.asdict(cfg), "runtime": {}}
     run = Run(path=tmp_path / "run", config=config, rows=[], tokenizer_hash="")

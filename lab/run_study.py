@@ -1,15 +1,16 @@
 """Run a learning-rate study to the end in one command, and write its report.
 
-    python scripts/run_study.py +experiment=stability --out docs/study
-    python scripts/run_study.py +experiment=stability --dry-run       # what it would train, and how long
-    python scripts/run_study.py +experiment=stability plan.report_seeds=3   # the spec's plan, changed
+    python -m lab study +experiment=stability --out docs/study
+    python -m lab study +experiment=stability --dry-run       # what it would train, and how long
+    python -m lab study +experiment=stability plan.report_seeds=3   # the spec's plan, changed
 
 The study's spec is configs/study/<experiment>.yaml (lab/study_spec.py); ``plan.<key>=<value>``
 arguments change its plan. The other arguments besides --out and --dry-run are Hydra overrides, passed
 to every training command (hydra/launcher=submitit_slurm fans the runs out on a cluster). Stage by stage
 (lab/study_plan.py: the grid, the edges, the seeds at the best rates) it trains what is
 missing through ``python train.py -m``, so an interrupted study resumes where it stopped when the
-command is run again. The report (scripts/study_report.py, or scripts/size_report.py for several models) lands in --out.
+command is run again. The report lands in --out: lab/study_report.py's, or lab/across_models.py's where the
+plan names an ``axis`` (a study of several models).
 """
 
 from __future__ import annotations
@@ -27,20 +28,18 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from lab.depth_report import write_depth_report
+from lab import across_models, study_report
 from lab.results import PLAN_FILE, VAL_LOSS, Result, capped_loss
 from lab.runs import BASELINE, RunsError, load_runs
-from lab.size_report import write_size_report
 from lab.study import skip_deltas
 from lab.study_plan import Job, StudyPlan, next_jobs, planned_runs, report_seeds
-from lab.study_report import write_report
 from lab.study_spec import StudySpecError, load_study_spec
 from lab.unigram import compute_unigram_val_loss
 from training.config import register_configs
 from training.run.cpu_threads import concurrent_jobs
 from training.run.lock import lock_holder
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 PERF_ELAPSED = "perf/elapsed_s"
 
 
@@ -63,7 +62,7 @@ def compose_study(overrides: list[str]):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
         axes = {**{k: str(v) for k, v in (cfg.hydra.sweeper.params or {}).items()}, **given}
         if "+variant" not in axes or "train.lr" not in axes:
-            raise SystemExit("run_study: the experiment must sweep +variant and train.lr (hydra.sweeper.params)")
+            raise SystemExit("lab study: the experiment must sweep +variant and train.lr (hydra.sweeper.params)")
         arms = axes["+variant"].split(",")
         models = axes["model"].split(",") if "model" in axes else [None]
         labels = {}
@@ -158,40 +157,41 @@ def evaluate_layer_importance(sweep_dir: Path, labels: dict, plan: StudyPlan) ->
         and not skip_deltas(run)
     ]
     if todo:
-        print(f"run_study: skip deltas of {len(todo)} report runs (eval.py layer_importance=true)", flush=True)
+        print(f"lab study: skip deltas of {len(todo)} report runs (eval.py layer_importance=true)", flush=True)
         checkpoints = ",".join(f"'{path}'" for path in todo)
         command = [sys.executable, "eval.py", f"checkpoint=[{checkpoints}]", "layer_importance=true"]
         subprocess.run([*command, f"hydra.run.dir={sweep_dir / 'eval'}"], cwd=ROOT, check=False)
 
 
-REPORTS = {"study": write_report, "size": write_size_report, "depth": write_depth_report}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "python -m lab study +experiment=<name> [plan.<key>=<value> ...] [Hydra overrides ...] [--out OUT]"
     parser.add_argument("--out", type=Path, default=None, help="the report's folder (default: <sweep dir>/report)")
     parser.add_argument("--dry-run", action="store_true", help="say what the next stage trains, and stop")
-    args, overrides = parser.parse_known_args(argv)
+    parser.set_defaults(overrides=[])  # the other arguments: +experiment=<name>, plan.<key>=<value>, Hydra overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = args.overrides
     experiment = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")), None)
     if experiment is None:
-        print("run_study: name the study: +experiment=<name> (its sweep), with its spec in configs/study/<name>.yaml")
+        print("lab study: name the study: +experiment=<name> (its sweep), with its spec in configs/study/<name>.yaml")
         return 2
     if args.out is not None and args.out.exists() and not args.out.is_dir():
-        print(f"run_study: --out {args.out} is a file; give a folder for the report (it is created if missing)")
+        print(f"lab study: --out {args.out} is a file; give a folder for the report (it is created if missing)")
         return 2
     plan_overrides = [o for o in overrides if o.startswith("plan.")]
     overrides = [o for o in overrides if not o.startswith("plan.")]
     try:
         spec = load_study_spec(experiment, plan_overrides)
     except StudySpecError as err:
-        print(f"run_study: {err}")
+        print(f"lab study: {err}")
         return 2
     cfg, overrides, arms, rates, models, labels = compose_study(overrides)
     plan = spec.plan
     unknown = sorted(set(plan.headline) - set(arms))
     if unknown:
         print(
-            f"run_study: configs/study/{experiment}.yaml's plan.headline names {', '.join(unknown)}, "
+            f"lab study: configs/study/{experiment}.yaml's plan.headline names {', '.join(unknown)}, "
             f"not among +variant: {', '.join(arms)}"
         )
         return 2
@@ -221,25 +221,25 @@ def main(argv: list[str] | None = None) -> int:
         if busy and busy == todo:  # train.py would refuse each of them: say who holds them instead
             held = "; ".join(f"{describe_job(m, j)} ({held_by[(m, j)]})" for m, j in sorted(busy, key=str))
             print(
-                f"run_study: the runs left are training in another process: {held}. Rerun this command when they finish"
+                f"lab study: the runs left are training in another process: {held}. Rerun this command when they finish"
             )
             return 1
         jobs = {m: [j for j in model_jobs if (m, j) not in busy] for m, model_jobs in jobs.items()}
         if not todo:
             if args.dry_run:
-                print("run_study: nothing to train; the study is complete")
+                print("lab study: nothing to train; the study is complete")
                 return 0
             break
         done = sum(len(v) for v in losses.values())
         ready = todo - busy
-        print(f"run_study: {describe(len(ready), done, planned, seconds, plan, at_once)}", flush=True)
+        print(f"lab study: {describe(len(ready), done, planned, seconds, plan, at_once)}", flush=True)
         if args.dry_run:
             for command in commands(jobs):
                 print("  python train.py -m " + " ".join([*overrides, *command]))
             return 0
         if failed_before & ready:
             stuck = ", ".join(describe_job(m, j) for m, j in sorted(failed_before & ready, key=str))
-            print(f"run_study: these runs did not finish when trained: {stuck}; see their train.log under {sweep_dir}")
+            print(f"lab study: these runs did not finish when trained: {stuck}; see their train.log under {sweep_dir}")
             return 1
         for command in commands(jobs):
             subprocess.run([sys.executable, "train.py", "-m", *overrides, *command], cwd=ROOT, check=False)
@@ -247,13 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if plan.layer_importance:
         evaluate_layer_importance(sweep_dir, labels, plan)
     out = args.out or sweep_dir / "report"
-    if spec.report == "study":
-        write_report([str(sweep_dir)], out, "val/loss", None, BASELINE)
+    if plan.axis is None:
+        study_report.write_report([str(sweep_dir)], out, "val/loss", None, BASELINE)
     else:
-        REPORTS[spec.report]([str(sweep_dir)], out, "val/loss", BASELINE)
-    print(f"run_study: complete; the report is {out / 'report.md'}")
+        across_models.write_report([str(sweep_dir)], out, "val/loss", BASELINE, plan.axis)
+    print(f"lab study: complete; the report is {out / 'report.md'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
