@@ -36,7 +36,7 @@ from lab.runs import (
     show_report,
     swept_keys,
 )
-from lab.stats import Comparison, paired_comparison, unpaired_comparison
+from lab.stats import Comparison, paired_by_seed, unpaired_comparison
 
 NORM_IN_RMS = metric_key("act/{norm}/in_rms")
 NORM_IN_KURTOSIS = metric_key("act/{norm}/in_kurtosis")
@@ -251,15 +251,15 @@ def against_baseline(runs: list[Run], base_runs: list[Run], metric: str) -> Agai
     """The group's final ``metric`` against the baseline's: paired by seed over the seeds both ran (two or
     more), else Welch's unpaired test over every run, else (one run on a side) no test."""
     mine, base = _finals_by_seed(runs, metric), _finals_by_seed(base_runs, metric)
-    if mine is not None and base is not None:
-        common = sorted(mine.keys() & base.keys())
-        if len(common) >= 2:
-            unpaired = (mine.keys() | base.keys()) - set(common)
-            test = f"paired t, seeds {_seed_list(common)}" + (
-                f" (seeds {_seed_list(unpaired)} ran on one side only: left out)" if unpaired else ""
-            )
-            values = {"seeds": common, "group": [mine[s] for s in common], "baseline": [base[s] for s in common]}
-            return AgainstBaseline(test, paired_comparison([mine[s] - base[s] for s in common], "lower"), values)
+    found = paired_by_seed(mine, base, "lower") if mine is not None and base is not None else None
+    if found is not None and len(found[0]) >= 2:
+        common, comparison = found
+        unpaired = (mine.keys() | base.keys()) - set(common)
+        test = f"paired t, seeds {_seed_list(common)}" + (
+            f" (seeds {_seed_list(unpaired)} ran on one side only: left out)" if unpaired else ""
+        )
+        values = {"seeds": common, "group": [mine[s] for s in common], "baseline": [base[s] for s in common]}
+        return AgainstBaseline(test, comparison, values)
     a = [v for r in runs if (v := r.last(metric)) is not None]
     b = [v for r in base_runs if (v := r.last(metric)) is not None]
     result = unpaired_comparison(a, b)

@@ -20,18 +20,17 @@ at which some setting trains and the settings that do.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lab.format import interval, number
+from lab.format import interval, number, write_report_files
 from lab.keys import fields
 from lab.plots import pyplot, save
 from lab.results import VAL_LOSS
 from lab.runs import Run, RunsError, load_runs, show_report
-from lab.stats import paired_comparison, t_interval
+from lab.stats import paired_by_seed, t_interval
 from lab.study import SATURATED, TRAINED_MARGIN
 from lab.unigram import run_unigram_loss
 from training.checkpoints.files import list_checkpoints
@@ -154,10 +153,9 @@ def against_no_norm(best: dict, settings: list[dict]) -> dict:
     if control is None:
         return {"reason": f"the no-norm control's rate is not tuned: {why}"}
     mine, theirs = report_losses(dyt), report_losses(control)
-    seeds = sorted(mine.keys() & theirs.keys())
+    seeds, comparison = paired_by_seed(mine, theirs, "higher") or ([], None)
     if len(seeds) < 2:
         return {"reason": f"{len(seeds)} seed(s) that did not choose the rates ran both; two or more compare"}
-    comparison = paired_comparison([mine[seed] - theirs[seed] for seed in seeds], "higher")
     return {
         "control": control["norm"],
         "rates": map_rates(family),
@@ -405,11 +403,7 @@ over the model's norms in the last checkpoint of the map's seed (alpha is learne
 
 {chr(10).join(table)}
 """
-    if skipped:
-        report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
-    (out / "report.md").write_text(report)
-    (out / "map.json").write_text(json.dumps(summary, indent=1))
-    return out / "report.md"
+    return write_report_files(out, report, skipped, "map.json", summary)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

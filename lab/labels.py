@@ -1,4 +1,4 @@
-"""Variant labels as a report shows them: without the switches every variant of a study shares."""
+"""Run labels as a study's arms: without the switches every label of the study shares."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ def shared_switches(labels: list[str]) -> list[str]:
     if len(parts) < 2:
         return []
     return [part for part in parts[0][1:] if all(part in p[1:] for p in parts)]
+
+
+def as_arms(labels: list[str]) -> list[str]:
+    """Each label as its study's arm, less the switches every label has: ``rmsnorm-qk-wd_independent`` is
+    ``rmsnorm-qk`` in a study that decays independently throughout."""
+    shared = shared_switches(labels)
+    return [without_switches(label, shared) for label in labels]
 
 
 def without_switches(label: str, switches: list[str]) -> str:

@@ -24,17 +24,16 @@ again the largest over blocks.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.format import interval, number
+from lab.format import interval, number, write_report_files
 from lab.keys import metric_key
-from lab.labels import shared_switches, without_switches
+from lab.labels import as_arms
 from lab.plots import pyplot, save
 from lab.runs import BASELINE, Run, RunsError, latest_eval, layer_values, load_runs, show_report
-from lab.stats import holm, paired_comparison, rank_correlation, t_interval
+from lab.stats import holm, paired_by_seed, rank_correlation, t_interval
 from lab.study import TRAINED_MARGIN
 from lab.unigram import run_unigram_loss
 
@@ -118,9 +117,8 @@ def load_points(inputs: list[str]) -> tuple[list[Point], list[str]]:
         )
     if not points:
         raise RunsError(f"no run under {', '.join(inputs)} has a quantized evaluation; run {EVAL_COMMAND}")
-    shared = shared_switches([p.arm for p in points])
-    for p in points:
-        p.arm = without_switches(p.arm, shared)
+    for p, arm in zip(points, as_arms([p.arm for p in points])):
+        p.arm = arm
     return points, skipped
 
 
@@ -145,12 +143,12 @@ def paired_difference(points: list[Point], arm: str, baseline: str, value) -> di
     grouped = _by_arm(points)
     if arm not in grouped or baseline not in grouped:
         return None
-    base = {p.seed: value(p) for p in grouped[baseline]}
-    pairs = [(value(p), base[p.seed]) for p in grouped[arm] if base.get(p.seed) is not None and value(p) is not None]
-    if not pairs:
+    mine, base = ({p.seed: value(p) for p in grouped[v]} for v in (arm, baseline))
+    found = paired_by_seed(mine, base, "higher")
+    if found is None:
         return None
-    comparison = paired_comparison([a - b for a, b in pairs], "higher")
-    return {"difference": comparison.difference, "ci95": comparison.ci95, "p": comparison.p, "seeds": len(pairs)}
+    seeds, comparison = found
+    return {"difference": comparison.difference, "ci95": comparison.ci95, "p": comparison.p, "seeds": len(seeds)}
 
 
 def setup(points: list[Point]) -> dict:
@@ -390,16 +388,12 @@ give position 0, mean over blocks.
 
 {chr(10).join("- " + line for line in conclusions(summary))}
 """
-    if skipped:
-        report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
-    (out / "report.md").write_text(report)
     runs = [
         {"variant": p.arm, "seed": p.seed, "loss": p.loss, "kurtosis": p.kurtosis, "massive_ratio": p.massive_ratio,
          "sink_mass": p.sink_mass, "delta": p.deltas}
         for p in points
     ]  # fmt: skip
-    (out / "outliers.json").write_text(json.dumps({**summary, "runs": runs}, indent=1))
-    return out / "report.md"
+    return write_report_files(out, report, skipped, "outliers.json", {**summary, "runs": runs})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

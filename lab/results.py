@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.keys import metric_key
-from lab.labels import shared_switches, without_switches
+from lab.labels import as_arms
 from lab.runs import Run, RunsError, check_comparable, load_runs
 
 VAL_LOSS = metric_key("val/loss")
@@ -58,9 +58,8 @@ def load_results(inputs: list[str], metric: str) -> tuple[list[Result], list[str
     if not results:
         raise RunsError(f"no run under {', '.join(inputs)} has metrics to report on")
     check_comparable([r.run for r in results], metric)
-    shared = shared_switches([r.arm for r in results])
-    for r in results:
-        r.arm = without_switches(r.arm, shared)
+    for r, arm in zip(results, as_arms([r.arm for r in results])):
+        r.arm = arm
     return results, skipped
 
 

@@ -181,6 +181,18 @@ def paired_comparison(differences: Sequence[float], expect: str, margin: float =
     return Comparison(verdict, mean, (low, high), p, int(d.size))
 
 
+def paired_by_seed(
+    arm: dict[int, float | None], against: dict[int, float | None], expect: str
+) -> tuple[list[int], Comparison] | None:
+    """``arm`` minus ``against`` on the seeds that have both values, through ``paired_comparison``: runs of one
+    seed share their initial weights and batches across arms, so each seed's difference is the unit. The
+    seeds compared and the comparison; None where no seed pairs."""
+    seeds = sorted(s for s in arm.keys() & against.keys() if arm[s] is not None and against[s] is not None)
+    if not seeds:
+        return None
+    return seeds, paired_comparison([arm[s] - against[s] for s in seeds], expect)
+
+
 def test_named(expect: str, margin: float = 0.0) -> str:
     """The test behind a verdict of ``paired_comparison``, in words a reader can recompute it from."""
     if expect in ("lower", "higher"):

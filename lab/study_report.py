@@ -30,11 +30,11 @@ import json
 from pathlib import Path
 
 from lab.claims import claims_of, equivalence_words, evaluate_claim, influence_words, with_holm
-from lab.format import interval, number
+from lab.format import interval, number, write_report_files
 from lab.labels import shared_switches
 from lab.results import HELDOUT_LOSS, by_model, heldout_loss, load_results, planned_grid, read_plan
 from lab.runs import BASELINE, RunsError, show_report
-from lab.stats import paired_comparison, t_interval
+from lab.stats import paired_by_seed, t_interval
 from lab.study import (
     MIN_COMMON_RATES,
     STATISTICS,
@@ -80,10 +80,11 @@ def against_baseline(study: Study, arm: str) -> dict:
     """The variant's held-out best loss minus the baseline's, each at its own best rate, paired by the
     report seeds both have: the mean difference, its 95% interval and the paired p-value."""
     seeds = seeds_for(study, BEST_LOSS, arm, study.baseline)
-    diffs = [study.best_loss(arm, [s]) - study.best_loss(study.baseline, [s]) for s in seeds]
-    if not diffs:
+    mine, base = ({s: study.best_loss(v, [s]) for s in seeds} for v in (arm, study.baseline))
+    found = paired_by_seed(mine, base, "lower")
+    if found is None:
         return {"difference": None, "ci95": None, "p": None, "seeds": []}
-    comparison = paired_comparison(diffs, "lower")
+    seeds, comparison = found
     return {"difference": comparison.difference, "ci95": comparison.ci95, "p": comparison.p, "seeds": seeds}
 
 
@@ -447,11 +448,7 @@ At lr {base.best_lr:g} (the baseline's best), end of training:
             + ", ".join(f"{n} runs of {name}" for name, n in others.items())
             + " (`python -m lab across-models` compares the models, `--model` reports on another).\n"
         )
-    if skipped:
-        report += "\n## Skipped\n\n" + "\n".join(f"- {message}" for message in skipped) + "\n"
-    (out / "report.md").write_text(report)
-    (out / "study.json").write_text(json.dumps(data, indent=1))
-    return out / "report.md"
+    return write_report_files(out, report, skipped, "study.json", data)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
