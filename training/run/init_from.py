@@ -92,6 +92,13 @@ def run_label(cfg: Config) -> str:
     return variant_label(lambda key: value_at(cfg, key), LABELLED_GROUPS)
 
 
+def command_line_overrides() -> list[str]:
+    """This Hydra job's overrides from the command line (none outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def user_keys(cfg: Config, overrides: list[str]) -> set[str]:
     """The architecture and training keys the user set: named in ``overrides`` (the command line's; choosing a
     model group names all its keys), or composed to another value than the default config's (a norm group's
@@ -148,18 +155,20 @@ def read_source(cfg: Config, run_dir: Path, keys_set: set[str]) -> Source:
         saved = model_config_of(state["model_config"], str(path))
     except ValueError as err:
         raise CheckpointError(str(err)) from None
-    taken = architecture(saved, state.get("config") or {}, keys_set)
+    taken = architecture(saved, state.get("config") or {}, keys_set, cfg.norm.name)
     return Source(path, tokenizer, taken, saved, state)
 
 
-def architecture(saved: ModelConfig, run_config: dict, keys_set: set[str]) -> dict[str, Any]:
+def architecture(saved: ModelConfig, run_config: dict, keys_set: set[str], norm_name: str) -> dict[str, Any]:
     """The config values (plain, as the record keeps them) a run takes from a source whose model config is
     ``saved`` and whose record is ``run_config``: every key that ``keys_set`` does not name; the norm's options
-    and per-role options only where the norm type is the source's (another type has options of its own)."""
+    and per-role options only where the run's norm type (``norm_name``, named or not) is the source's: another
+    type has options of its own, and naming the source's own (norm=rmsnorm on an imported Llama) keeps its eps
+    and cast order."""
     values = {key: value_at(saved, key.removeprefix("model.")) for key in ARCHITECTURE_KEYS}
     values["norm.roles"] = saved.norm.role_options()
     values |= {key: (run_config.get("train") or {}).get(key.removeprefix("train.")) for key in TRAINING_KEYS}
-    theirs = "norm.name" not in keys_set
+    theirs = "norm.name" not in keys_set or norm_name == saved.norm.name
     return {
         key: value
         for key, value in values.items()
