@@ -126,13 +126,10 @@ def measure(run: TrainingRun, step: int, done: int, last: bool, step_metrics: di
             }
         )
     if every(tcfg.eval_every, done, last):
-        data = run.data
-        metrics.update(evaluate(run.compiled, data.val, data.token_bytes, tcfg.batch_size, run.device, run.autocast))
-        if data.heldout is not None:
-            heldout = evaluate(
-                run.compiled, data.heldout, data.token_bytes, tcfg.batch_size, run.device, run.autocast, "heldout"
-            )
-            metrics.update(heldout)
+        for prefix, windows in (("val", run.data.val), ("heldout", run.data.heldout)):
+            if windows is not None:
+                args = (windows, run.data.token_bytes, tcfg.batch_size, run.device, run.autocast, prefix)
+                metrics.update(evaluate(run.compiled, *args))
         log.info("step %d: val loss %.4f, bpb %.4f", done, metrics["val/loss"], metrics["val/bpb"])
     if every(tcfg.stats_every, done, last):
         probe_batch, _ = run.data.train.get(step, run.dist.rank * run.settings.accum * tcfg.batch_size, tcfg.batch_size)

@@ -46,18 +46,13 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
-def _matmul_dtype(t: torch.Tensor) -> torch.dtype:
-    if torch.is_autocast_enabled(t.device.type):
-        return torch.get_autocast_dtype(t.device.type)
-    return t.dtype
-
-
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_rows, z_loss, cap):
         rows = hidden.shape[0]
-        dtype = _matmul_dtype(hidden)
-        with torch.autocast(hidden.device.type, enabled=False):
+        device = hidden.device.type  # the matmuls run in the autocast dtype, the softmax in float32
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        with torch.autocast(device, enabled=False):
             w = weight.to(dtype)
             grad_hidden = torch.empty_like(hidden)
             grad_weight = torch.zeros_like(weight, dtype=torch.float32)
@@ -93,10 +88,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                     grad_weight += (grad.t() @ h).float()
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         parts = torch.stack((ce_sum, z_loss * z_sum)) / rows
-        # The parts travel as one (2,) tensor, never as scalars beside the objective: with z-loss
-        # off, torch.compile folds ``ce + 0`` into ``ce`` and would return one tensor as both the
-        # objective and a part, and marking the part non-differentiable then took the objective's
-        # gradient with it (issue 26).
+        # One (2,) tensor of parts, not scalars: with z-loss off torch.compile folds ``ce + 0`` into ``ce``, and
+        # marking that one tensor non-differentiable as a part would take the objective's gradient with it.
         ctx.mark_non_differentiable(parts)
         return parts.sum(), parts
 

@@ -10,15 +10,19 @@ are not free (training/run/record.py), two resolved values from ``runtime`` iden
 from __future__ import annotations
 
 import datetime
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from training.atomic import atomic_write_text
-from training.checkpoints.load import check_same_model, load_newest_readable, restore_rng_states
+from training.checkpoints.load import check_reachable, check_same_model, load_newest_readable, restore_rng_states
 from training.errors import CheckpointError
 from training.run.record import RECORD, RunIdentityError, is_free, read_record
+from training.telemetry.metrics_file import diverged_step, read_metrics
+
+log = logging.getLogger("normlab.train")
 
 RESOLVED_RUNTIME_KEYS = ("precision", "global_batch_tokens")
 # Keys that records written by older code carry and the schema no longer has: a study's claims and
@@ -132,6 +136,20 @@ def check_resume(run_dir: Path, run_config: dict, schema_defaults: dict, allowed
     if path.name != RECORD:
         entry.update(restored_record=record, record_source=str(path))
     return entry
+
+
+def diverged(cfg, run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` diverged: that is its result, and a rerun has nothing to train unless it
+    resumes with changes. Otherwise its checkpoints must reach the steps it logged (else it is refused)."""
+    rows = read_metrics(run_dir / "metrics.jsonl", damaged="skip").rows
+    diverged_at = diverged_step(rows)
+    if diverged_at is not None and not cfg.resume_with_changes:
+        log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
+        return True
+    logged = max((row["step"] for row in rows), default=0)
+    tcfg = cfg.train
+    check_reachable(run_dir, logged, min(tcfg.checkpoint_every, tcfg.max_steps), tcfg.max_steps)
+    return False
 
 
 def check_same_data(entry: dict, fingerprint: dict, run_dir: Path) -> None:

@@ -33,7 +33,6 @@ from training.step.nonfinite import NonFinitePolicy
 from training.step.optim import build_optimizer, memory_per_rank, optimizer_groups
 from training.step.post_step import PostStepHook, post_step_hooks
 from training.telemetry.loggers import Loggers, open_loggers
-from training.telemetry.metrics_file import diverged_step, read_metrics
 from training.telemetry.probes import Probe, resolve_probe
 from training.telemetry.throughput import PeakFlops, ThroughputMeter, peak_flops
 
@@ -149,13 +148,6 @@ def check_run_identity(cfg: Config, run_dir: Path, settings: RunSettings) -> dic
     return check_resume(run_dir, config, dataclasses.asdict(Config()), list(cfg.resume_with_changes))
 
 
-def command_line_overrides() -> list[str]:
-    """This Hydra job's overrides from the command line (none outside a Hydra job)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
 def configure_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -251,7 +243,7 @@ def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distribute
     if cfg.train.init_from:  # a new run with another's architecture, weights and tokenizer (training/run/init_from.py)
         from training.run import init_from
 
-        source = init_from.read_source(cfg, run_dir, init_from.user_keys(cfg, command_line_overrides()))
+        source = init_from.read_source(cfg, run_dir, init_from.user_keys(cfg, init_from.command_line_overrides()))
         init_from.adopt(cfg, source)
         cfg.variant = init_from.run_label(cfg)  # what it trains; the run keeps the name it was given
         check_config(cfg)  # the source's values beside the user's
@@ -259,20 +251,12 @@ def build_run(cfg: Config, run_dir: Path, device: torch.device, dist: Distribute
     configure_device(device)
     resume_entry = check_run_identity(cfg, run_dir, settings)
     if resume_entry is not None:
-        rows = read_metrics(run_dir / "metrics.jsonl", damaged="skip").rows
-        diverged_at = diverged_step(rows)
-        if diverged_at is not None and not cfg.resume_with_changes:
-            log.info("%s diverged at step %d: that is its result, nothing to train", run_dir, diverged_at)
-            return None
-        logged = max((row["step"] for row in rows), default=0)
-        tcfg = cfg.train
-        from training.checkpoints.load import check_reachable
+        from training.run.resume import diverged
 
-        check_reachable(run_dir, logged, min(tcfg.checkpoint_every, tcfg.max_steps), tcfg.max_steps)
-    rows = None  # the embedding rows of the run it resumes, or of the checkpoint it starts from
-    if resume_entry is not None:
-        rows = resume_entry["vocab_size"]
-    elif source is not None and source.model_config is not None:
+        if diverged(cfg, run_dir):
+            return None
+    rows = resume_entry["vocab_size"] if resume_entry is not None else None  # the embedding rows of the run it
+    if rows is None and source is not None and source.model_config is not None:  # resumes, or of its source
         rows = source.model_config.vocab_size
     # The model before any data is read (a bad design choice fails first), for the tokenizer the run will have
     model, model_cfg = seeded_model(cfg, known_vocab_size(cfg, run_dir, source), device, rows)
