@@ -27,4 +27,6 @@ way, tests/unit/test_import_graph.py). Its commands are behind one door, ``pytho
     plots.py           matplotlib set-up
     unigram.py         the unigram loss, the line a study's "trained" reads
     study_probes/      the studies' probes (massive activations, sinks, layer importance, norm time, nGPT)
+    step_timing.py     training steps of several models timed in interleaved rounds (the speed benchmarks)
+    gpu_check/         scripts/gpu_check.py's stages: correctness, kernels, profile, training, compiled, distributed
 """

@@ -19,7 +19,7 @@ class LayerNorm(GainedNorm):
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """torch's native layer_norm kernel: the reference op's numerics to within one rounding, and
-        several times faster (scripts/bench_norms.py). It refuses float64 inputs with float32
+        several times faster (python -m lab bench-norms). It refuses float64 inputs with float32
         parameters, which the reference op takes."""
         params = [p for p in (self.weight, self.bias) if p is not None]
         if x.dtype == torch.float64 and any(p.dtype != x.dtype for p in params):

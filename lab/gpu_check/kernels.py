@@ -93,7 +93,7 @@ def copy_seconds(x: torch.Tensor, out: torch.Tensor, device: torch.device, reps:
 
 
 def both_timings(fn: Callable, x: torch.Tensor, grads, device: torch.device, reps: int, calls: int) -> dict:
-    """Seconds of each pass, as "<timing> <pass>": the kernel time and the call time (analysis/bench_norms.py)."""
+    """Seconds of each pass, as "<timing> <pass>": the kernel time and the call time (lab/bench_norms.py)."""
     kernel = time_passes(fn, x, grads, device, kernel_time, reps)
     call = time_passes(fn, x, grads, device, call_time, calls)
     return {f"{timing} {p}": seconds[p] for timing, seconds in (("kernel", kernel), ("call", call)) for p in PASSES}

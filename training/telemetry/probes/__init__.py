@@ -3,7 +3,7 @@
 Each probe (one class, one file) attaches forward hooks, collects its values and declares the
 keys it writes. The pass runs in eval mode, under ``torch.no_grad``, eagerly (FSDP compiles blocks in
 place), so the training steps in between carry no hooks and no cost. A run chooses its probes by config,
-``train.probes``: the core's below by name, any other (the studies', analysis/probes/, or one of
+``train.probes``: the core's below by name, any other (the studies', lab/study_probes/, or one of
 your own) by its import path ``package.module:Class``. Each is imported only when chosen.
 """
 

@@ -1,8 +1,8 @@
 """What a probe is: hooks attached for one forward pass, the values they collected, the keys they write.
 
 A probe declares the key templates it writes (``act/{norm}/in_rms``, ``act/layers.{i}/stream_rms``):
-readers (analysis/, the explorer, reports) ask for keys by these templates, and asking for one
-that no probe declares fails (``analysis.keys``), so a renamed key breaks a test instead of
+readers (lab/, the explorer, reports) ask for keys by these templates, and asking for one
+that no probe declares fails (``lab.keys``), so a renamed key breaks a test instead of
 emptying a plot.
 """
 
