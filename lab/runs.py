@@ -217,8 +217,10 @@ def check_comparable(runs: list[Run], metric: str) -> None:
 def swept_keys(runs: list[Run]) -> list[str]:
     """The config keys whose values differ between the runs and that change what a run computes
     (not the seed, nor a free key such as logging intervals; not ``runtime`` or ``resumes``), that
-    the variant label does not already tell apart."""
-    flat = [{k: v for k, v in flatten(r.config).items() if not k.startswith(("runtime.", "resumes"))} for r in runs]
+    the variant label does not already tell apart. Read from the runs that trained where there are any: an
+    imported model beside its fine-tunes differs from them in every training key, and would name them all."""
+    trained = [r for r in runs if not r.evaluated_only] or runs
+    flat = [{k: v for k, v in flatten(r.config).items() if not k.startswith(("runtime.", "resumes"))} for r in trained]
     keys = sorted({k for f in flat for k in f if not is_free(k) and k != "seed"})
     differ = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
     by_label = defaultdict(list)
@@ -229,10 +231,14 @@ def swept_keys(runs: list[Run]) -> list[str]:
 
 def group_runs(runs: list[Run], group_by: str) -> dict[str, list[Run]]:
     """Runs by the value of a dotted config key, sorted by that value's text. ``SWEPT``: by the
-    variant and every other swept key (``rmsnorm, train.lr=0.01``)."""
+    variant and every other swept key (``rmsnorm, train.lr=0.01``); an imported model that did not train here
+    is a group of its own (``imported: <run>``)."""
     extra = swept_keys(runs) if group_by == SWEPT else []
     groups: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
+        if group_by == SWEPT and run.evaluated_only:
+            groups[f"imported: {run.path.name}"].append(run)
+            continue
         label = str(run.lookup("variant" if group_by == SWEPT else group_by))
         label += "".join(f", {key}={flatten(run.config).get(key)}" for key in extra)
         groups[label].append(run)

@@ -11,7 +11,7 @@ from synthetic_studies import L0, VOCAB, write_run, write_study
 from lab import study_report
 from lab.__main__ import main as lab
 from lab.results import load_results
-from lab.runs import SWEPT, RunsError, default_baseline, find_runs, group_runs, loss_ceiling, swept_keys
+from lab.runs import SWEPT, Run, RunsError, default_baseline, find_runs, group_runs, loss_ceiling, swept_keys
 from lab.study import Study, lr_sensitivity
 
 GRID = {
@@ -145,6 +145,25 @@ def test_grouping_by_swept_keys_pools_only_seeds(tmp_path):
     assert all(sorted(r.config["seed"] for r in g) == [0, 1] for g in groups.values())
     assert default_baseline(groups) == "rmsnorm, train.lr=0.001"
     assert list(group_runs(runs, "variant")) == ["rmsnorm", "rmsnorm-qk"]  # an explicit key still pools rates
+
+
+def test_an_imported_model_beside_its_fine_tunes_is_a_group_of_its_own(tmp_path):
+    """The imported model differs from the runs fine-tuned from it in every training key (it never trained here):
+    the swept keys are read from the runs that trained, and it is grouped by itself, not with a norm's seeds."""
+    root = tmp_path / "fine-tuned"
+    for seed in (0, 1):
+        for lr in (0.001, 0.01):
+            write_run(root, "rmsnorm", lr, 4.0 + lr, seed=seed)
+    folder = write_run(tmp_path, "rmsnorm", 0.003, 5.0, metrics=False)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config["runtime"]["imported_from"] = {"architecture": "LlamaForCausalLM"}
+    config["train"]["max_steps"] = 600
+    imported = Run(folder, config, [{"step": 0, "val/loss": 5.0}], "bpe-a")
+    runs = [*find_runs([str(root)]), imported]
+    assert imported.evaluated_only and swept_keys(runs) == ["train.lr"]
+    groups = group_runs(runs, SWEPT)
+    assert list(groups) == [f"imported: {folder.name}", "rmsnorm, train.lr=0.001", "rmsnorm, train.lr=0.01"]
+    assert groups[f"imported: {folder.name}"] == [imported]
 
 
 def test_the_unigram_line_decides_who_trained_and_the_probes_explain_why(tmp_path):
