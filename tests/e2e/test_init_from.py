@@ -125,19 +125,22 @@ def test_init_from_alone_fine_tunes_the_imported_architecture(imported, cache_di
     assert (run / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()
 
 
-def test_naming_the_source_s_own_norm_keeps_its_options(imported, cache_dir, tmp_path):
-    """norm=rmsnorm on the command line, on an imported Llama (an RMSNorm with HF's cast order): the run keeps
-    the source's cast order, not the rmsnorm group's default, and the option named beside it wins."""
-    source, run = imported["llama"], tmp_path / "ft"
+def test_naming_the_source_s_own_norm_keeps_its_options(cache_dir, tmp_path):
+    """norm=layernorm on the command line, on a LayerNorm source without biases, with a 1 + w gain and another
+    eps: the run keeps the source's options, not the layernorm group's (bias, standard gain, eps 1e-5), and an
+    option named beside it wins."""
+    source, run = tmp_path / "source", tmp_path / "ft"
+    run_tiny(source, cache_dir, 2, "norm=layernorm", "norm.bias=false", "norm.gain=one_plus", "norm.eps=1e-4")
     command = [sys.executable, "train.py", f"train.init_from={source}", f"data.cache_dir={cache_dir}", *FINE_TUNE,
-               "norm=rmsnorm", "norm.eps=1e-6", f"hydra.run.dir={run}"]  # fmt: skip
+               "norm=layernorm", "norm.eps=1e-3", f"hydra.run.dir={run}"]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     their_config = flatten(load_checkpoint(source)["model_config"])
     our_config = flatten(load_checkpoint(run)["model_config"])
-    assert {k: v for k, v in our_config.items() if their_config[k] != v} == {"norm.eps": 1e-6}
+    assert {k: v for k, v in our_config.items() if their_config[k] != v} == {"norm.eps": 1e-3}
     taken = init_record(run)["architecture"]
-    assert taken["norm.cast_before_weight"] is True and "norm.name" not in taken and "norm.eps" not in taken
+    assert taken["norm.bias"] is False and taken["norm.gain"] == "one_plus" and "norm.eps" not in taken
+    assert init_record(run)["new"] == []  # no LayerNorm bias appeared
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "olmo2"])

@@ -76,15 +76,16 @@ def set_value(cfg, key: str, value) -> None:
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
-def default_config() -> Config:
-    """The config train.py composes from no override (inside a Hydra app, from the app's own config folder)."""
+def default_config(overrides: list[str]) -> Config:
+    """The config train.py composes from ``overrides`` alone (inside a Hydra app, from the app's own config
+    folder)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
-        return typed_config(compose("config"))
+        return typed_config(compose("config", overrides=overrides))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return typed_config(compose("config"))
+        return typed_config(compose("config", overrides=overrides))
 
 
 def run_label(cfg: Config) -> str:
@@ -101,18 +102,20 @@ def command_line_overrides() -> list[str]:
 
 def user_keys(cfg: Config, overrides: list[str]) -> set[str]:
     """The architecture and training keys the user set: named in ``overrides`` (the command line's; choosing a
-    model group names all its keys), or composed to another value than the default config's (a norm group's
-    options, an experiment's settings)."""
-    named = set()
+    model group names all its keys), or composed to another value than the default config's with the same norm
+    group (an experiment's settings, a variant's options; not the group's own options: ``norm=layernorm`` on a
+    LayerNorm source without biases keeps them out)."""
+    named, norm_group = set(), []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key == "model":  # a preset: its shape
             named |= {k for k in ARCHITECTURE_KEYS if k.startswith("model.")}
-        elif key == "norm":  # a norm type: its name, and the options its group sets (they differ from the default's)
+        elif key == "norm":  # a norm type: its name; its group's own option values are no one's choice
             named.add("norm.name")
+            norm_group = [override.lstrip("+~")]
         elif key.startswith(("model.", "norm.", "train.")):
             named.add(key)
-    defaults = default_config()
+    defaults = default_config(norm_group)
     for key in (*ARCHITECTURE_KEYS, *TRAINING_KEYS):
         if key in named or any(key.startswith(k + ".") or k.startswith(key + ".") for k in named):
             named.add(key)
