@@ -30,6 +30,7 @@ BASELINE = "rmsnorm"
 # Grouping by this "key" groups by every config key the runs differ in except the seed, so runs
 # of different learning rates (or models, or steps) are never pooled as if they were seeds.
 SWEPT = "swept"
+IMPORTED = "imported: "  # the label an imported model's group starts with (it did not train here)
 
 
 class RunsError(ValueError):
@@ -232,12 +233,12 @@ def swept_keys(runs: list[Run]) -> list[str]:
 def group_runs(runs: list[Run], group_by: str) -> dict[str, list[Run]]:
     """Runs by the value of a dotted config key, sorted by that value's text. ``SWEPT``: by the
     variant and every other swept key (``rmsnorm, train.lr=0.01``); an imported model that did not train here
-    is a group of its own (``imported: <run>``)."""
+    is a group of its own (``imported: <run>``, IMPORTED)."""
     extra = swept_keys(runs) if group_by == SWEPT else []
     groups: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         if group_by == SWEPT and run.evaluated_only:
-            groups[f"imported: {run.path.name}"].append(run)
+            groups[f"{IMPORTED}{run.path.name}"].append(run)
             continue
         label = str(run.lookup("variant" if group_by == SWEPT else group_by))
         label += "".join(f", {key}={flatten(run.config).get(key)}" for key in extra)
@@ -289,10 +290,12 @@ def latest_eval(run: Run) -> dict | None:
 
 def default_baseline(groups) -> str:
     """``BASELINE`` when it is one of the groups (or the first group of its variant, when the groups
-    are labelled by swept keys too), else the first group."""
+    are labelled by swept keys too), else the first group that trained (an imported model is no baseline while
+    runs that trained are there)."""
     if BASELINE in groups:
         return BASELINE
-    return next((g for g in groups if g.startswith(BASELINE + ", ")), next(iter(groups)))
+    trained = [g for g in groups if not g.startswith(IMPORTED)] or list(groups)
+    return next((g for g in trained if g.startswith(BASELINE + ", ")), trained[0])
 
 
 def show_report(command: str, write: Callable[[], Path], out: Path) -> int:

@@ -164,6 +164,9 @@ def test_an_imported_model_beside_its_fine_tunes_is_a_group_of_its_own(tmp_path)
     groups = group_runs(runs, SWEPT)
     assert list(groups) == [f"imported: {folder.name}", "rmsnorm, train.lr=0.001", "rmsnorm, train.lr=0.01"]
     assert groups[f"imported: {folder.name}"] == [imported]
+    for run in runs[:-1]:  # the fine-tunes relabelled: no rmsnorm group is left to be the baseline
+        run.config["variant"] = "layernorm"
+    assert default_baseline(group_runs(runs, SWEPT)) == "layernorm, train.lr=0.001"  # never the import
 
 
 def test_the_unigram_line_decides_who_trained_and_the_probes_explain_why(tmp_path):
