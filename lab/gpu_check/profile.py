@@ -14,6 +14,7 @@ import re
 import time
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as profiler
 
@@ -57,8 +58,9 @@ def profile(stage: Stage) -> None:
         sync(device)
         wall_ms = 1000 * (time.perf_counter() - started) / steps
     events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
-    if cuda:  # kernels: the events that ran on the device, by their own device time
-        spent = {e.key: e.self_device_time_total / 1000 / steps for e in events if e.self_device_time_total > 0}
+    if cuda:  # kernels: the events that ran on the device (a CPU operator carries its kernels' time again)
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+        spent = {e.key: e.self_device_time_total / 1000 / steps for e in kernels if e.self_device_time_total > 0}
     else:  # operators' own CPU time
         spent = {e.key: e.self_cpu_time_total / 1000 / steps for e in events if e.key.startswith("aten::")}
     groups: dict[str, float] = {}
