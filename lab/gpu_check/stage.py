@@ -110,11 +110,20 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
 
 
+def workers_output(output: str) -> list[str]:
+    """A process's output lines, without torchrun's own report of a failed worker (its traceback and summary box,
+    about 35 lines, which say only that a child failed): what the workers printed, or all of it elsewhere."""
+    lines = output.rstrip().splitlines()
+    launcher = next((i for i, line in enumerate(lines) if "torch.distributed.elastic" in line or
+                     "torch/distributed/elastic" in line), len(lines))  # fmt: skip
+    return lines[:launcher] or lines
+
+
 def error_line(output: str) -> str:
-    """The line of a process's output that says what went wrong: normlab's last logged error (a worker's, under
-    torchrun, whose own traceback follows it and says only that a child failed), else C++'s abort message, else
-    the last exception line, else the last line."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    """The line of a process's output that says what went wrong: normlab's last logged error, else C++'s abort
+    message, else the last exception line, else the last line; a torchrun worker's, not torchrun's."""
+    lines = [line.strip() for line in workers_output(output) if line.strip()]
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", line) for line in lines]  # torchrun's prefix of a worker's lines
     logged = [line for line in lines if "[ERROR]" in line]
     aborted = [line for line in lines if line.startswith("terminate called")]
     raised = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
@@ -141,7 +150,10 @@ def run_at_once(stage: Stage, commands: dict[str, list[str]]) -> dict[str, tuple
     return {name: (code, logs[name].read_text()) for name, code in zip(commands, codes)}
 
 
-def stop(processes: list[subprocess.Popen], grace_s: float = 10) -> None:
+def stop(processes: list[subprocess.Popen], grace_s: float = 40) -> None:
+    """SIGTERM to each process's group, SIGKILL to what is left after ``grace_s``: longer than the 30 s torchrun
+    gives its workers, which run in sessions of their own that only torchrun can stop."""
+
     def signal_groups(signum):
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
@@ -163,7 +175,7 @@ def launched(stage: Stage, commands: dict[str, list[str]]) -> dict[str, str]:
     results = run_at_once(stage, commands)
     for name, (code, output) in results.items():
         if code != 0:
-            tail = output.rstrip().splitlines()[-TAIL_LINES:]
+            tail = workers_output(output)[-TAIL_LINES:]
             raise CheckFailed(f"the {name} launch exited {code}: {error_line(output)}", tail)
     return {name: output for name, (_, output) in results.items()}
 

@@ -4,6 +4,7 @@ of the budget runs out, and a failing one is recorded, the next one running eith
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import torch
 from gpu_check import STAGES
 from tiny_runs import ROOT
 
-from lab.gpu_check.stage import CheckFailed, Stage, run_stage
+from lab.gpu_check.stage import CheckFailed, Stage, error_line, run_stage, workers_output
 
 KERNEL_CONTENDERS = {"F.rms_norm", "fused_rmsnorm", "rmsnorm, torch.compile", "F.layer_norm"}
 
@@ -50,7 +51,7 @@ def test_the_dry_run_takes_every_stage_and_writes_a_well_formed_report(tmp_path,
     profile = report["stages"][[s["name"] for s in report["stages"]].index("profile")]["numbers"]
     groups = [n for n in profile if "group" in n and "kernel" not in n]
     assert {"matmuls", "optimizer", "outside aten operators"} <= {n["group"] for n in groups}
-    assert sum(n["ratio"] for n in groups) == pytest.approx(1, abs=0.02) or sum(n["ratio"] for n in groups) > 1
+    assert sum(n["ratio"] for n in groups) == pytest.approx(1, abs=0.02)  # no time counted twice
     assert any("kernel" in n and n["kernel"].startswith("aten::") for n in profile)
     training = numbers["training"]
     assert {"tokens/s, hf_llama, eager", "model FLOP/s, fused_rmsnorm", "peak memory, prmsnorm"} <= training.keys()
@@ -104,12 +105,38 @@ def test_a_failed_stage_does_not_stop_the_next(tmp_path, monkeypatch):
     # What the dry run sets in its process, put back after the test: torch.compile, the environment, SIGTERM
     monkeypatch.setattr(torch, "compile", torch.compile)
     for name in ("CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # recorded, so that the undo restores or removes it
+        monkeypatch.delenv(name)
     monkeypatch.setattr(gpu_check, "signal", types.SimpleNamespace(signal=lambda *_: None, SIGTERM=signal.SIGTERM))
     assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 1
     (path,) = tmp_path.glob("*.json")
     assert ran == ["correctness", "kernels"]
     assert [s["status"] for s in json.loads(path.read_text())["stages"]] == ["failed", "ok"]
+
+
+TORCHRUN_FAILURE = (
+    """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "train.py", line 80, in build_and_train
+[rank0]: RuntimeError: set_rng_state expected a CPU tensor
+E1206 22:02:54.524000 8411 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)
+Traceback (most recent call last):
+  File "torch/distributed/run.py", line 1032, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+    + "=" * 60
+    + "\n  rank      : 0 (local_rank: 0)\n"
+)
+
+
+def test_a_worker_s_unlogged_error_is_named_and_kept_not_torchrun_s_report():
+    """A worker's exception that train.py does not log (a RuntimeError): its line is the stage's error, and the
+    kept lines end with the worker's, not with torchrun's traceback and summary of the failure."""
+    assert error_line(TORCHRUN_FAILURE) == "RuntimeError: set_rng_state expected a CPU tensor"
+    assert workers_output(TORCHRUN_FAILURE)[-1].endswith("set_rng_state expected a CPU tensor")
+    assert error_line("step 1\nterminate called without an active exception\n") == (
+        "terminate called without an active exception"
+    )
 
 
 def _stage(tmp_path, share_s: float) -> Stage:
