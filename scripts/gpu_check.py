@@ -10,7 +10,7 @@ correctness, kernels, profile, training, compiled_vs_eager, distributed. Each ge
 stage leaves unused passes on to the next); a stage whose share runs out is stopped and recorded as skipped, with
 the reason and what it had measured, and a stage that fails records its error in one line, with the failed
 process's last lines; the next stage runs either way. The stages and the processes they start share one compile
-cache (Inductor's and Triton's, in <out>/compile_cache), so a model compiled once is not compiled again.
+cache (Inductor's and Triton's, in bench_out/compile_cache), so a model compiled once is not compiled again.
 
 Every number is written with its unit and the baseline it is compared with, measured in the same run, to
 <out>/<device>-<date>.json and a Markdown table beside it (also printed), both rewritten after every stage.
@@ -79,9 +79,10 @@ def arguments_refusal(budget_s: float, out: Path, stages: list[str]) -> str | No
     return None
 
 
-def share_compile_cache(out: Path) -> None:
-    """One compile cache for this process and every process it starts (train.py, torchrun's workers, pytest)."""
-    cache = out / "compile_cache"
+def share_compile_cache() -> None:
+    """One compile cache for this process and every process it starts (train.py, torchrun's workers, pytest), in
+    bench_out/ (ignored by git): not beside the report, which is committed or copied back from a lent machine."""
+    cache = ROOT / "bench_out" / "compile_cache"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     signal.signal(signal.SIGTERM, _terminated)
     out.mkdir(parents=True, exist_ok=True)
-    share_compile_cache(out)
+    share_compile_cache()
     device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
     overrides = [*(DRY_RECIPE if args.dry_run else RECIPE), *args.overrides]
     report = {"meta": environment(device, args, argv), "stages": []}

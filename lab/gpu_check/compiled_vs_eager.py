@@ -1,4 +1,4 @@
-"""Stage 4, compiled against eager: train.py's run of the GPU recipe with the fused RMSNorm, 20 steps compiled and 20
+"""Stage 5, compiled against eager: train.py's run of the GPU recipe with the fused RMSNorm, 20 steps compiled and 20
 eager, two processes at once: the losses agree within bf16 tolerance, and the Triton kernel ran inside the
 compiled model."""
 

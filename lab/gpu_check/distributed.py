@@ -1,4 +1,4 @@
-"""Stage 5, distributed: FSDP2 and DDP through torchrun, on NCCL, at the number of GPUs here (one is a world): a few
+"""Stage 6, distributed: FSDP2 and DDP through torchrun, on NCCL, at the number of GPUs here (one is a world): a few
 steps each, FSDP's sharded checkpoint resumed by the same launch to the same losses, rank 0's memory against
 DDP's. The dry run makes the very same launches over gloo."""
 

@@ -97,7 +97,7 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|",
     ]
     for stage in report["stages"]:
-        why = stage.get("error") or stage.get("reason") or ""
+        why = (stage.get("error") or stage.get("reason") or "").replace("|", "\\|")  # a table cell
         lines.append(
             f"| {stage['name']} | {stage['status']} | {stage['seconds']:.0f} / {stage['share_s']:.0f} s | {why} |"
         )

@@ -1,4 +1,4 @@
-"""Stage 3, training: model=gpu_125m train=gpu with LayerNorm, RMSNorm, the fused RMSNorm and pRMSNorm (compiled,
+"""Stage 4, training: model=gpu_125m train=gpu with LayerNorm, RMSNorm, the fused RMSNorm and pRMSNorm (compiled,
 as the recipe runs them), RMSNorm eager and Hugging Face's LlamaForCausalLM of the same shape and weights, in
 interleaved rounds of steps (lab/step_timing.py): tokens/s, MFU against the bf16 dense peak, peak memory.
 
