@@ -14,7 +14,8 @@ launch compiles with. Without the hints every access is scalar and the register 
 
 Checked for each compiled kernel, from its PTX (each global access traced to the tensor it
 reads or writes, through the registers that compute its address back to a kernel parameter)
-and, for the backward, its SASS:
+and, for the backward, its SASS, read once per loop shape and target (``LOOP_SHAPE``: the first
+case that has it, the register-heaviest flags; a disassembly costs 0.4 s, most of the check's time):
 
 - no spills (``cuobjdump -res-usage`` of the cubin Triton built: no stack, no local memory);
 - x, y, dx and dy (and the residual, the sum and its gradient) move in 128-bit accesses
@@ -25,7 +26,7 @@ and, for the backward, its SASS:
   and warps) fits at least one program per SM of the target (A100 for sm_80, H100 for sm_90),
   and the launcher's grid is that many programs times the SMs.
 
-Coverage, factorized so that the check runs in about a minute on two cores: (a) every block size
+Coverage, factorized so that the check runs in about 16 s on two cores: (a) every block size
 of the table in float32 and bfloat16, and the looping path past it, with the register-heaviest
 flags (the residual, the 1 + w gain in float32, a partial statistic, HF's cast order); float16,
 which shares bfloat16's table, at D = 768, 16,384 and 32,768; (b) an all-pairs cover of the flags
@@ -62,6 +63,9 @@ STREAMED = {"x", "y", "dy", "dx", "r", "s", "ds"}
 POINTER_NAMES = {"X": "x", "Y": "y", "DY": "dy", "DX": "dx", "R": "r", "S": "s", "DS": "ds", "W": "w", "RSTD": "rstd",
                  "DW_PARTIAL": "partial", "PARTIAL": "partial", "DW": "dw", "DOT": "dot"}  # fmt: skip
 # (The kernels take their pointers first: the PTX's first parameters, in order, are the pointers.)
+# The launch constants that schedule a backward's loop. The variant's flags (GAIN, HAS_DRESIDUAL, PARTIAL) add work
+# inside the same loop, which every kernel's PTX is checked for; its SASS is read once per shape and target.
+LOOP_SHAPE = ("BLOCK", "HALF", "NUM_STAGES", "ROWS", "num_warps")
 
 
 @dataclass(frozen=True)
@@ -287,8 +291,9 @@ def _kernel_name(kernel) -> str:
     return kernel.fn.__name__.removesuffix("_kernel")
 
 
-def check(case: Case, kernel, grid, args, kwargs, arch: int) -> dict:
-    """Compile one launch for sm_<arch> and check it; the result names errors instead of raising."""
+def check(case: Case, kernel, grid, args, kwargs, arch: int, read_sass: bool = True) -> dict:
+    """Compile one launch for sm_<arch> and check it (its SASS too where ``read_sass``, for a backward); the
+    result names errors instead of raising."""
     name = _kernel_name(kernel)
     result = {"case": case.label, "kernel": name, "sm": arch, "warps": kwargs.get("num_warps"), "failures": []}
     result["stages"] = kwargs.get("NUM_STAGES")
@@ -301,7 +306,7 @@ def check(case: Case, kernel, grid, args, kwargs, arch: int) -> dict:
     pointers = [POINTER_NAMES.get(arg, arg) for arg, kind in compiled.src.signature.items() if kind.startswith("*")]
     ptx = analyse_ptx(compiled.asm["ptx"], pointers)
     # The SASS (0.4 s to disassemble) is read where the PTX cannot tell: the backward's loop as scheduled.
-    sass = analyse_sass(compiled.asm["sass"]) if name.startswith("rms_norm_bwd") else None
+    sass = analyse_sass(compiled.asm["sass"]) if read_sass and name.startswith("rms_norm_bwd") else None
     shared = compiled.metadata.shared
     per_sm = programs_per_sm(registers, shared, compiled.metadata.num_warps, TARGETS[arch])
     widths: dict[str, set[int]] = {}
@@ -323,10 +328,11 @@ def check(case: Case, kernel, grid, args, kwargs, arch: int) -> dict:
         if sass and (sass["narrow"] or not sass["wide"]):
             failures.append(f"SASS: {sass['wide']} 128-bit and {sass['narrow']} 16-bit global accesses")
     if name in ("rms_norm_bwd", "rms_norm_bwd_wide") and hinted:
-        if kwargs.get("NUM_STAGES", 1) > 1 and not (sass["loop_ldgsts"] and ptx["loop_cp_async"]):
+        if kwargs.get("NUM_STAGES", 1) > 1 and not (ptx["loop_cp_async"] and (sass is None or sass["loop_ldgsts"])):
             failures.append("no cp.async (LDGSTS) in the pipelined row loop")
-        if max(sass["loop_barriers"], ptx["loop_barriers"]) > 2:
-            failures.append(f"{sass['loop_barriers']} barriers an iteration of the row loop")
+        barriers = max(ptx["loop_barriers"], sass["loop_barriers"] if sass else 0)
+        if barriers > 2:
+            failures.append(f"{barriers} barriers an iteration of the row loop")
     if name.startswith("rms_norm_bwd"):  # the launcher's grid for a batch of ROWS rows, at this GPU's wave
         tiles = -(-ROWS // row_settings(case.dim, DTYPES[case.dtype].itemsize).backward.rows)
         result["grid"] = min(per_sm * TARGETS[arch].sms, tiles)
@@ -342,22 +348,30 @@ def _signature_key(kernel, args, kwargs) -> tuple:
     return (kernel.fn.__name__, spec, tuple(sorted(kwargs.items())))
 
 
-def work(targets: list[int]) -> list[tuple[Case, int, int]]:
-    """(case, which of its launches, arch) for every distinct compiled kernel: a launch shared by several cases
-    (the weight gradient's sum, say) is compiled once, under the first case that makes it."""
-    seen, found = set(), []
+def _loop_shape(case: Case, kernel, kwargs) -> tuple:
+    shape = tuple(kwargs.get(name) for name in LOOP_SHAPE)
+    return (kernel.fn.__name__, case.dtype, case.dim % 16 == 0, shape)
+
+
+def work(targets: list[int]) -> list[tuple[Case, int, int, bool]]:
+    """(case, which of its launches, arch, whether to read its SASS) for every distinct compiled kernel: a launch
+    shared by several cases (the weight gradient's sum, say) is compiled once, under the first case that makes it;
+    the SASS is read under the first case of each loop shape."""
+    seen, shapes, found = set(), set(), []
     for case in cases():
         for index, (kernel, _, args, kwargs) in enumerate(launches(case)):
             key = _signature_key(kernel, args, kwargs)
             if key not in seen:
                 seen.add(key)
-                found += [(case, index, arch) for arch in targets]
+                shape = _loop_shape(case, kernel, kwargs)
+                found += [(case, index, arch, shape not in shapes) for arch in targets]
+                shapes.add(shape)
     return found
 
 
-def _check_one(item: tuple[Case, int, int]) -> dict:
-    case, index, arch = item
-    return check(case, *launches(case)[index], arch)
+def _check_one(item: tuple[Case, int, int, bool]) -> dict:
+    case, index, arch, read_sass = item
+    return check(case, *launches(case)[index], arch, read_sass)
 
 
 def compile_all(targets: list[int], jobs: int) -> list[dict]:
