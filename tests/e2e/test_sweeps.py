@@ -47,8 +47,11 @@ def test_the_default_grid_is_a_common_grid_of_half_decades_that_can_reach_wortsm
     spec = load_study_spec("stability")
     assert {"rmsnorm", "layernorm", "prmsnorm", "rmsnorm_qk"} <= set(spec.plan.headline) <= set(variants)
     # Every arm a claim compares runs the headline's seeds.
-    labels = claim_arm_labels(spec)
-    arms = {v for v in variants if compose_config(f"+variant={v}").variant in labels}
+    configs = {
+        path.stem: compose_config(f"+variant={path.stem}") for path in (ROOT / "configs" / "variant").glob("*.yaml")
+    }
+    labels = claim_arm_labels(spec, configs)
+    arms = {v for v in variants if configs[v].variant in labels}
     assert arms <= set(spec.plan.headline)
     rates = [float(lr) for lr in params["train.lr"].split(",")]
     assert len(rates) >= 5 and rates[0] <= 1e-3 and rates[-1] >= 1e-1
@@ -115,11 +118,11 @@ def test_the_grid_fans_out_through_hydras_submitit_launcher(tmp_path, cache_dir)
     # default launcher (test_sweep_runs_records_divergence_and_a_rerun_trains_nothing).
 
 
-def claim_arm_labels(spec) -> set[str]:
-    """The labels of the variants that some claim's arm (or what it is compared with) picks."""
+def claim_arm_labels(spec, configs: dict) -> set[str]:
+    """The labels of the variants (``configs``: each variant's composed config) that some claim's arm (or what it
+    is compared with) picks."""
     labels = set()
-    for path in (ROOT / "configs" / "variant").glob("*.yaml"):
-        cfg = compose_config(f"+variant={path.stem}")
+    for cfg in configs.values():
         flat = flatten(dataclasses.asdict(cfg))
         if any(matches(flat.__getitem__, fields) for claim in spec.claims for fields in (claim.arm, claim.against)):
             labels.add(cfg.variant)
