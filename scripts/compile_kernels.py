@@ -291,7 +291,7 @@ def _kernel_name(kernel) -> str:
     return kernel.fn.__name__.removesuffix("_kernel")
 
 
-def check(case: Case, kernel, grid, args, kwargs, arch: int, read_sass: bool = True) -> dict:
+def check(case: Case, kernel, grid, args, kwargs, arch: int, read_sass: bool) -> dict:
     """Compile one launch for sm_<arch> and check it (its SASS too where ``read_sass``, for a backward); the
     result names errors instead of raising."""
     name = _kernel_name(kernel)
